@@ -1,0 +1,50 @@
+# toolwitness — every command CI runs lives here. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help
+help: ## List the targets with what they do
+	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+.PHONY: install
+install: $(VENV)/.installed ## Create .venv and install toolwitness with its dev tools
+
+.PHONY: proto
+proto: install ## Regenerate collector/wire/gen from proto/ (pinned grpcio-tools)
+	$(PY) scripts/gen_proto.py
+
+.PHONY: lint
+lint: install ## ruff + mypy --strict on scoring/ and collector/
+	$(VENV)/bin/ruff check scoring collector tests scripts
+	$(VENV)/bin/mypy scoring collector
+
+.PHONY: services-up
+services-up: install ## Start local Redis and Kafka (KRaft) on loopback; idempotent
+	$(PY) scripts/services.py up
+
+.PHONY: services-down
+services-down: ## Stop exactly the local services we started (by recorded pid)
+	$(PY) scripts/services.py down
+
+.PHONY: services-status
+services-status: ## Show the local services and their pids/ports
+	$(PY) scripts/services.py status
+
+.PHONY: unit
+unit: install ## Unit tests only (no services needed)
+	$(VENV)/bin/pytest -m 'not integration' tests/unit
+
+.PHONY: test
+test: install ## THE test command: lint, start services, all tests, stop services
+	$(MAKE) lint
+	$(PY) scripts/services.py up
+	set -o pipefail; rc=0; $(VENV)/bin/pytest tests || rc=$$?; $(PY) scripts/services.py down; exit $$rc

@@ -1,0 +1,1 @@
+"""toolwitness streaming service: receivers → processors → exporters, like an OpenTelemetry Collector."""

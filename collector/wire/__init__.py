@@ -1,0 +1,1 @@
+"""Wire formats: generated protobuf modules (gen/) and their conversions to scoring models."""

@@ -1,0 +1,1 @@
+"""toolwitness scoring library: pure, three-valued, trace-backed scoring (no network imports)."""
