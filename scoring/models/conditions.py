@@ -1,0 +1,137 @@
+"""Conditions an expectation can ask about, and the registry of condition types.
+
+Each condition is a frozen model with a ``type`` tag. Scorers declare which
+types they support; trees are validated and conditions routed before scoring.
+How a condition is judged on evidence lives in ``scoring.verdict``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArgumentMatcher(_Frozen):
+    """A check on a tool call's JSON arguments at a JSONPath.
+
+    Exactly one of ``equals``, ``regex``, ``range`` (``minimum``/``maximum``) or
+    ``one_of``. The matcher holds when any value the path selects satisfies it.
+    """
+
+    path: str = "$"
+    equals: JsonValue | None = None
+    regex: str | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    one_of: tuple[JsonValue, ...] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ArgumentMatcher:
+        kinds = [
+            "equals" in self.model_fields_set,
+            self.regex is not None,
+            self.minimum is not None or self.maximum is not None,
+            self.one_of is not None,
+        ]
+        if sum(kinds) != 1:
+            raise ValueError("an ArgumentMatcher needs exactly one of equals, regex, minimum/maximum, one_of")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"invalid regex {self.regex!r}: {exc}") from exc
+        if not self.path.startswith("$"):
+            raise ValueError(f"JSONPath must start with '$', got {self.path!r}")
+        return self
+
+
+class ToolCallRequirement(_Frozen):
+    """A tool that must have executed, matched by exact, case-sensitive name.
+
+    Beyond name: ``arguments`` matchers, ``status`` (any|ok|error), and call
+    counts. Defaults keep PyRIT's name-only meaning: at least one execution,
+    failed executions count.
+    """
+
+    name: str = Field(min_length=1)
+    arguments: tuple[ArgumentMatcher, ...] = ()
+    status: Literal["any", "ok", "error"] = "any"
+    min_count: int = Field(default=1, ge=1)
+    max_count: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _counts(self) -> ToolCallRequirement:
+        if self.max_count is not None and self.max_count < self.min_count:
+            raise ValueError(f"max_count {self.max_count} is below min_count {self.min_count}")
+        return self
+
+
+class ToolsCalled(_Frozen):
+    """All listed tool requirements hold (PyRIT's condition)."""
+
+    type: Literal["tools_called"] = "tools_called"
+    tools: tuple[ToolCallRequirement, ...] = Field(min_length=1)
+
+
+class ToolSequence(_Frozen):
+    """Tools ran in an order, judged over execution start times.
+
+    ``subsequence``: the tools appear in this order, other calls may interleave.
+    ``exact``: the executions are exactly these, in this order.
+    ``any_order``: each listed tool ran (as a multiset), in any order.
+    """
+
+    type: Literal["tool_sequence"] = "tool_sequence"
+    tools: tuple[str, ...] = Field(min_length=1)
+    mode: Literal["subsequence", "exact", "any_order"] = "subsequence"
+
+
+class PayloadPropagated(_Frozen):
+    """A poisoning canary delivered in a tool result reached a tool's arguments."""
+
+    type: Literal["payload_propagated"] = "payload_propagated"
+    canaries: tuple[str, ...] = Field(min_length=1)
+    target_tools: tuple[str, ...] = ()
+
+    @field_validator("canaries")
+    @classmethod
+    def _non_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not c for c in v):
+            raise ValueError("canaries must be non-empty strings")
+        return v
+
+
+Condition = Annotated[ToolsCalled | ToolSequence | PayloadPropagated, Field(discriminator="type")]
+ConditionType = type[ToolsCalled] | type[ToolSequence] | type[PayloadPropagated]
+
+CONDITION_TYPES: dict[str, ConditionType] = {
+    "tools_called": ToolsCalled,
+    "tool_sequence": ToolSequence,
+    "payload_propagated": PayloadPropagated,
+}
+
+
+class ScoringExpectation(_Frozen):
+    """What a scorer should check, plus optional objective context for judges."""
+
+    conditions: tuple[Condition, ...] = ()
+    objective: str | None = None
+
+    def only(self, types: frozenset[str]) -> ScoringExpectation:
+        """The same expectation restricted to the given condition types."""
+        return ScoringExpectation(
+            conditions=tuple(c for c in self.conditions if c.type in types), objective=self.objective
+        )
+
+    def condition_types(self) -> frozenset[str]:
+        return frozenset(c.type for c in self.conditions)
+
+    @classmethod
+    def parse(cls, data: Any) -> ScoringExpectation:
+        return cls.model_validate(data)

@@ -1,0 +1,141 @@
+"""Evidence: tool executions seen in spans, coverage of that proof, and immutable observations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from scoring.models.scorables import AnyScorable
+
+NORMALIZATION_VERSION = "1"
+
+# Reasons why coverage is not complete. Any of them makes absence unprovable.
+AWAITING_COMPLETION = "awaiting_completion"
+SPAN_NOT_ENDED = "span_not_ended"
+SPAN_UNSAMPLED = "span_unsampled"
+ATTRIBUTES_DROPPED = "attributes_dropped"
+ATTRIBUTE_LIMITS = "attribute_length_limited"
+ORPHAN_PARENT = "orphan_parent"
+CONFLICTING_EVIDENCE = "conflicting_evidence"
+LATE_SPAN = "late_span_after_completion"
+RETENTION_EXPIRED = "retention_expired"
+STATE_LOST = "state_lost"
+LIMIT_EXCEEDED = "limit_exceeded"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CaptureState(StrEnum):
+    """Whether a value (arguments, result) was recorded in full."""
+
+    CAPTURED = "captured"
+    ABSENT = "absent"
+    TRUNCATED = "truncated"
+
+
+class ToolExecution(_Frozen):
+    """One tool execution seen in a span (not a model-*requested* call)."""
+
+    name: str
+    trace_id: str = ""
+    span_id: str = ""
+    call_id: str | None = None
+    status: Literal["ok", "error", "unset"] = "unset"
+    start_time_unix_nano: int = 0
+    end_time_unix_nano: int = 0
+    arguments: str | None = None
+    arguments_state: CaptureState = CaptureState.ABSENT
+    convention: Literal["gen_ai", "openinference"] = "gen_ai"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "error"
+
+
+class CompletionSource(StrEnum):
+    MARKER = "marker"
+    WATERMARK = "watermark"
+    CALLER = "caller"
+
+
+class Coverage(_Frozen):
+    """How complete the evidence is. ``complete`` implies no reasons."""
+
+    complete: bool = False
+    reasons: tuple[str, ...] = (AWAITING_COMPLETION,)
+    source: CompletionSource | None = None
+
+    @field_validator("reasons")
+    @classmethod
+    def _sorted_unique(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(sorted(set(v)))
+
+    @model_validator(mode="after")
+    def _complete_means_no_reasons(self) -> Coverage:
+        if self.complete and self.reasons:
+            raise ValueError(f"coverage cannot be complete with reasons {list(self.reasons)}")
+        if not self.complete and not self.reasons:
+            raise ValueError("incomplete coverage must name at least one reason")
+        return self
+
+    @classmethod
+    def completed(cls, source: CompletionSource = CompletionSource.CALLER) -> Coverage:
+        return cls(complete=True, reasons=(), source=source)
+
+    @classmethod
+    def incomplete(cls, *reasons: str) -> Coverage:
+        return cls(complete=False, reasons=tuple(reasons) or (AWAITING_COMPLETION,))
+
+
+class Acquisition(StrEnum):
+    COMPLETE = "complete"
+    PARTIAL = "partial"
+    UNAVAILABLE = "unavailable"
+    ERROR = "error"
+
+
+def canonical_json(value: object) -> str:
+    """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Observation(_Frozen):
+    """An immutable evidence snapshot: anyone can re-score it without the trace store.
+
+    ``observation_id`` is the SHA-256 of the canonical JSON of the content
+    (everything but ``observation_id`` and ``captured_at``), so equal evidence
+    always has the same id. Tool results are never retained; arguments are, so
+    argument conditions can be replayed.
+    """
+
+    observation_id: str = ""
+    scorable: AnyScorable
+    tool_executions: tuple[ToolExecution, ...] = ()
+    coverage: Coverage = Field(default_factory=Coverage)
+    acquisition: Acquisition = Acquisition.PARTIAL
+    normalization_version: str = NORMALIZATION_VERSION
+    captured_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @model_validator(mode="after")
+    def _content_id(self) -> Observation:
+        expected = self.content_hash()
+        if not self.observation_id:
+            object.__setattr__(self, "observation_id", expected)
+        elif self.observation_id != expected:
+            raise ValueError("observation_id does not match the observation's content")
+        return self
+
+    def content_hash(self) -> str:
+        body = self.model_dump(mode="json", exclude={"observation_id", "captured_at"})
+        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+    @property
+    def available(self) -> bool:
+        return self.acquisition is not Acquisition.UNAVAILABLE

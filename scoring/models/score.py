@@ -1,0 +1,71 @@
+"""The Score a scorer returns."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scoring.models.conditions import ScoringExpectation
+from scoring.models.scorables import AnyScorable
+from scoring.models.status import ScoreStatus, Verdict
+
+ScoreType = Literal["true_false", "float_scale"]
+MetadataValue = str | int | float | bool | None
+
+
+class Score(BaseModel):
+    """One judgment. ``get_value()`` is True/False/float, or None when undetermined."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(default_factory=lambda: str(uuid.uuid4()))
+    score_type: ScoreType
+    status: ScoreStatus
+    score_value: str = ""
+    score_category: tuple[str, ...] = ()
+    rationale: str = ""
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    scorable: AnyScorable
+    observation_ids: tuple[str, ...] = ()
+    scorer_class: str = ""
+    scorer_hash: str = ""
+    objective: str | None = None
+    expectation: ScoringExpectation | None = None
+    timestamp: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @model_validator(mode="after")
+    def _value_matches_status(self) -> Score:
+        if self.status is ScoreStatus.UNDETERMINED:
+            if self.score_value:
+                raise ValueError("an undetermined score has no value")
+        elif self.score_type == "true_false":
+            if self.score_value not in ("true", "false"):
+                raise ValueError(f"true_false score value must be 'true' or 'false', got {self.score_value!r}")
+        else:
+            v = float(self.score_value)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"float_scale score value must be in [0, 1], got {v}")
+        return self
+
+    def get_value(self) -> bool | float | None:
+        if self.status is ScoreStatus.UNDETERMINED:
+            return None
+        if self.score_type == "true_false":
+            return self.score_value == "true"
+        return float(self.score_value)
+
+    @property
+    def verdict(self) -> Verdict:
+        """The three-valued reading of a true/false score."""
+        if self.score_type != "true_false":
+            raise TypeError("only true_false scores have a verdict")
+        v = self.get_value()
+        assert v is None or isinstance(v, bool)
+        return Verdict.of(v)
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        return self.score_category

@@ -1,0 +1,259 @@
+"""Neutral spans and the rules that turn one span into a tool execution plus coverage reasons.
+
+A tool execution is a span that is either
+- GenAI semconv: ``gen_ai.operation.name == "execute_tool"``, name in ``gen_ai.tool.name``;
+- OpenInference: ``openinference.span.kind == "TOOL"``, name in ``tool.name``.
+Both present and disagreeing is *conflicting* evidence: a coverage reason, never a
+crash and never an execution. Chat spans that merely *request* a call are not
+evidence. Names match exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, cast
+
+from scoring.models.evidence import (
+    ATTRIBUTES_DROPPED,
+    CONFLICTING_EVIDENCE,
+    SPAN_NOT_ENDED,
+    SPAN_UNSAMPLED,
+    CaptureState,
+    ToolExecution,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+    from opentelemetry.sdk.trace import ReadableSpan
+
+AttrValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Sequence[int] | Sequence[float] | None
+
+UNNAMED_TOOL = "unnamed_tool_execution"
+TRUNCATED_FLAG = "toolwitness.tool.call.arguments.truncated"
+
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_RESULT = "gen_ai.tool.call.result"
+OI_KIND = "openinference.span.kind"
+OI_TOOL_NAME = "tool.name"
+OI_CALL_IDS = ("tool.id", "tool_call.id")
+OI_ARGUMENTS = ("tool.parameters", "input.value")
+OI_RESULT = "output.value"
+SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
+
+# OTLP Span.flags bits (opentelemetry-proto trace.proto SpanFlags).
+_FLAG_SAMPLED = 0x01
+_FLAG_HAS_IS_REMOTE = 0x100
+_FLAG_IS_REMOTE = 0x200
+
+
+@dataclass(slots=True)
+class NeutralSpan:
+    """What scoring needs of a span, independent of where it came from."""
+
+    trace_id: str
+    span_id: str
+    name: str = ""
+    parent_span_id: str | None = None
+    parent_is_remote: bool = False
+    start_time_unix_nano: int = 0
+    end_time_unix_nano: int | None = None
+    sampled: bool = True
+    status_code: Literal["unset", "ok", "error"] = "unset"
+    attributes: Mapping[str, AttrValue] = field(default_factory=dict)
+    resource_attributes: Mapping[str, AttrValue] = field(default_factory=dict)
+    dropped_attributes_count: int = 0
+
+    @property
+    def ended(self) -> bool:
+        return self.end_time_unix_nano is not None and self.end_time_unix_nano > 0
+
+    def session_id(self) -> str | None:
+        for source in (self.attributes, self.resource_attributes):
+            for key in SESSION_KEYS:
+                v = source.get(key)
+                if isinstance(v, str) and v:
+                    return v
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class SpanFacts:
+    """Normalized facts about one span."""
+
+    execution: ToolExecution | None
+    reasons: frozenset[str]
+    result: str | None = None
+
+
+def _str(v: AttrValue) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool | int | float):
+        return json.dumps(v)
+    return json.dumps(list(v))
+
+
+def _first(attrs: Mapping[str, AttrValue], keys: Sequence[str]) -> str | None:
+    for k in keys:
+        s = _str(attrs.get(k))
+        if s:
+            return s
+    return None
+
+
+def normalize_span(span: NeutralSpan) -> SpanFacts:
+    """Turn one neutral span into (tool execution | None, coverage reasons)."""
+    reasons: set[str] = set()
+    if not span.sampled:
+        reasons.add(SPAN_UNSAMPLED)
+    if not span.ended:
+        reasons.add(SPAN_NOT_ENDED)
+    if span.dropped_attributes_count > 0:
+        reasons.add(ATTRIBUTES_DROPPED)
+    attrs = span.attributes
+    is_gen_ai = attrs.get(GEN_AI_OPERATION) == "execute_tool"
+    is_oi = attrs.get(OI_KIND) == "TOOL"
+    if not (is_gen_ai or is_oi):
+        return SpanFacts(None, frozenset(reasons))
+    gen_name = _str(attrs.get(GEN_AI_TOOL_NAME)) if is_gen_ai else None
+    oi_name = _str(attrs.get(OI_TOOL_NAME)) if is_oi else None
+    if is_gen_ai and is_oi and gen_name != oi_name:
+        reasons.add(CONFLICTING_EVIDENCE)
+        return SpanFacts(None, frozenset(reasons))
+    name = gen_name if is_gen_ai else oi_name
+    if not name:
+        # Some tool ran and we cannot say which: absence of any tool is unprovable.
+        reasons.add(UNNAMED_TOOL)
+        return SpanFacts(None, frozenset(reasons))
+    if is_gen_ai:
+        call_id = _str(attrs.get(GEN_AI_CALL_ID))
+        arguments = _str(attrs.get(GEN_AI_ARGUMENTS))
+        result = _str(attrs.get(GEN_AI_RESULT))
+    else:
+        call_id = _first(attrs, OI_CALL_IDS)
+        arguments = _first(attrs, OI_ARGUMENTS)
+        result = _str(attrs.get(OI_RESULT))
+    failed = span.status_code == "error" or bool(attrs.get("error.type"))
+    if arguments is None:
+        arg_state = CaptureState.ABSENT
+    elif attrs.get(TRUNCATED_FLAG) is True or ATTRIBUTES_DROPPED in reasons:
+        arg_state = CaptureState.TRUNCATED
+    else:
+        arg_state = CaptureState.CAPTURED
+    execution = ToolExecution(
+        name=name,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        call_id=call_id or None,
+        status="error" if failed else "ok",
+        start_time_unix_nano=span.start_time_unix_nano,
+        end_time_unix_nano=span.end_time_unix_nano or 0,
+        arguments=arguments,
+        arguments_state=arg_state,
+        convention="gen_ai" if is_gen_ai else "openinference",
+    )
+    return SpanFacts(execution, frozenset(reasons), result)
+
+
+# --- adapters ---------------------------------------------------------------------------------------
+
+
+def from_readable_span(span: ReadableSpan) -> NeutralSpan:
+    """Build a neutral span from an OpenTelemetry SDK ``ReadableSpan``."""
+    ctx = span.get_span_context()
+    if ctx is None:
+        raise ValueError(f"span {span.name!r} has no span context")
+    parent = span.parent
+    code = span.status.status_code.name.lower()
+    resource = span.resource.attributes if span.resource is not None else {}
+    return NeutralSpan(
+        trace_id=f"{ctx.trace_id:032x}",
+        span_id=f"{ctx.span_id:016x}",
+        name=span.name,
+        parent_span_id=f"{parent.span_id:016x}" if parent is not None else None,
+        parent_is_remote=bool(parent is not None and parent.is_remote),
+        start_time_unix_nano=span.start_time or 0,
+        end_time_unix_nano=span.end_time,
+        sampled=ctx.trace_flags.sampled,
+        status_code="error" if code == "error" else ("ok" if code == "ok" else "unset"),
+        attributes=cast("dict[str, AttrValue]", dict(span.attributes or {})),
+        resource_attributes=cast("dict[str, AttrValue]", dict(resource)),
+        dropped_attributes_count=span.dropped_attributes,
+    )
+
+
+class SpanDecodeError(ValueError):
+    """An OTLP span that cannot be read (wrong id lengths, …). ``retriable`` is False."""
+
+    retriable = False
+
+
+def _any_value(v: AnyValue) -> AttrValue:
+    kind = v.WhichOneof("value")
+    if kind == "string_value":
+        return v.string_value
+    if kind == "bool_value":
+        return v.bool_value
+    if kind == "int_value":
+        return v.int_value
+    if kind == "double_value":
+        return v.double_value
+    if kind == "array_value":
+        out = [_any_value(x) for x in v.array_value.values]
+        if all(isinstance(x, str) for x in out):
+            return [str(x) for x in out]
+        return json.dumps(out, default=str)
+    if kind == "kvlist_value":
+        return json.dumps({kv.key: _any_value(kv.value) for kv in v.kvlist_value.values}, default=str)
+    if kind == "bytes_value":
+        return v.bytes_value.hex()
+    return None
+
+
+def otlp_attributes(kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
+    return {kv.key: _any_value(kv.value) for kv in kvs}
+
+
+def from_otlp_span(span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] | None = None) -> NeutralSpan:
+    """Build a neutral span from an OTLP protobuf ``Span``; raise SpanDecodeError on bad ids."""
+    if len(span.trace_id) != 16 or span.trace_id == bytes(16):
+        raise SpanDecodeError(f"trace_id must be 16 non-zero bytes, got {len(span.trace_id)} bytes")
+    if len(span.span_id) != 8 or span.span_id == bytes(8):
+        raise SpanDecodeError(f"span_id must be 8 non-zero bytes, got {len(span.span_id)} bytes")
+    if span.parent_span_id and len(span.parent_span_id) != 8:
+        raise SpanDecodeError(f"parent_span_id must be 8 bytes, got {len(span.parent_span_id)} bytes")
+    flags = span.flags
+    code = span.status.code  # 0 unset, 1 ok, 2 error
+    sampled = not (flags & _FLAG_HAS_IS_REMOTE and not flags & _FLAG_SAMPLED)
+    return NeutralSpan(
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        name=span.name,
+        parent_span_id=span.parent_span_id.hex() if span.parent_span_id else None,
+        parent_is_remote=bool(flags & _FLAG_HAS_IS_REMOTE and flags & _FLAG_IS_REMOTE),
+        start_time_unix_nano=span.start_time_unix_nano,
+        end_time_unix_nano=span.end_time_unix_nano or None,
+        sampled=sampled,
+        status_code="error" if code == 2 else ("ok" if code == 1 else "unset"),
+        attributes=otlp_attributes(span.attributes),
+        resource_attributes=resource_attributes or {},
+        dropped_attributes_count=span.dropped_attributes_count,
+    )
+
+
+def iter_otlp_request(data: TracesData) -> Iterator[NeutralSpan]:
+    """Every span of an OTLP ``TracesData`` / ``ExportTraceServiceRequest`` as neutral spans."""
+    for rs in data.resource_spans:
+        resource = otlp_attributes(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                yield from_otlp_span(s, resource)

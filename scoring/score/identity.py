@@ -1,0 +1,47 @@
+"""Scorer identity: class, parameters and children, hashed as SHA-256 of canonical JSON.
+
+Equal configurations get equal hashes, so metrics and score events can be keyed by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, JsonValue, computed_field
+
+from scoring.models.evidence import canonical_json
+
+
+class ScorerIdentifier(BaseModel):
+    """The identity of a scorer (or of a component such as a chat target)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    class_name: str
+    class_module: str
+    params: dict[str, JsonValue] = {}
+    children: dict[str, tuple[ScorerIdentifier, ...]] = {}
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "class_name": self.class_name,
+            "class_module": self.class_module,
+            "params": self.params,
+            "children": {k: [c.hash for c in v] for k, v in self.children.items()},
+        }
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(canonical_json(self._body()).encode()).hexdigest()
+
+    def get_child(self, name: str) -> ScorerIdentifier | None:
+        found = self.children.get(name)
+        return found[0] if found else None
+
+    def get_children(self, name: str) -> tuple[ScorerIdentifier, ...]:
+        return self.children.get(name, ())
+
+    def __str__(self) -> str:
+        return f"{self.class_name}::{self.hash[:8]}"

@@ -1,0 +1,87 @@
+"""Observation sources: acquire an immutable evidence snapshot for a scorable."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Protocol
+
+from scoring.models.evidence import (
+    AWAITING_COMPLETION,
+    RETENTION_EXPIRED,
+    Acquisition,
+    CompletionSource,
+    Coverage,
+    Observation,
+    ToolExecution,
+)
+from scoring.models.scorables import MessageScorable, SessionScorable, TraceScorable
+from scoring.normalize.spans import normalize_span
+from scoring.score.observation.client import TraceClient, TraceQueryResult
+
+EvidenceScorable = TraceScorable | SessionScorable | MessageScorable
+
+
+class ObservationSource(Protocol):
+    """``acquire`` returns the evidence for a scorable; it must report coverage honestly."""
+
+    async def acquire(self, scorable: EvidenceScorable, trace_ids: Sequence[str] | None = None) -> Observation: ...
+
+
+def build_observation(
+    scorable: EvidenceScorable,
+    results: Sequence[TraceQueryResult],
+    *,
+    captured_at: datetime | None = None,
+) -> Observation:
+    """Merge per-trace query results into one observation (spans normalized here)."""
+    executions: dict[tuple[str, str], ToolExecution] = {}
+    reasons: set[str] = set()
+    sources: set[CompletionSource] = set()
+    unavailable = 0
+    for r in results:
+        if not r.available:
+            unavailable += 1
+            reasons.update(r.coverage.reasons or (RETENTION_EXPIRED,))
+            continue
+        reasons.update(r.coverage.reasons)
+        if r.coverage.source is not None:
+            sources.add(r.coverage.source)
+        for span in r.spans:
+            facts = normalize_span(span)
+            reasons.update(facts.reasons)
+            if facts.execution is not None:
+                executions[(span.trace_id, span.span_id)] = facts.execution
+    if not results:
+        reasons.add(AWAITING_COMPLETION)
+    if reasons:
+        coverage = Coverage.incomplete(*reasons)
+    else:
+        coverage = Coverage.completed(min(sources, key=lambda s: s.value) if sources else CompletionSource.CALLER)
+    if results and unavailable == len(results):
+        acquisition = Acquisition.UNAVAILABLE
+    elif coverage.complete:
+        acquisition = Acquisition.COMPLETE
+    else:
+        acquisition = Acquisition.PARTIAL
+    ordered = sorted(executions.values(), key=lambda e: (e.start_time_unix_nano, e.trace_id, e.span_id))
+    return Observation(
+        scorable=scorable,
+        tool_executions=tuple(ordered),
+        coverage=coverage,
+        acquisition=acquisition,
+        captured_at=captured_at or datetime.now(UTC),
+    )
+
+
+class OtelTraceSource:
+    """Reads neutral spans from a TraceClient and normalizes GenAI / OpenInference executions."""
+
+    def __init__(self, *, trace_client: TraceClient) -> None:
+        self._client = trace_client
+
+    async def acquire(self, scorable: EvidenceScorable, trace_ids: Sequence[str] | None = None) -> Observation:
+        if isinstance(scorable, SessionScorable):
+            return build_observation(scorable, self._client.query_session(scorable.session_id))
+        ids = trace_ids if trace_ids is not None else getattr(scorable, "trace_ids", None) or ()
+        return build_observation(scorable, self._client.query(list(ids)))

@@ -1,0 +1,104 @@
+"""OtelToolCallScorer: did these tools really run? Judged on execution spans, three-valued."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from pydantic import JsonValue
+
+from scoring.memory.central import MemoryInterface
+from scoring.models.conditions import ScoringExpectation
+from scoring.models.evidence import Observation
+from scoring.models.scorables import ContentScorable, MessageScorable, Scorable
+from scoring.models.score import Score
+from scoring.score.base import ScoringContext, TrueFalseScorer
+from scoring.score.observation.source import ObservationSource
+from scoring.verdict.conditions import Evidence, judge_all
+
+
+def resolve_message_traces(memory: MemoryInterface | None, scorable: MessageScorable) -> tuple[str, ...]:
+    """Request trace ids linked to a scored response, never reading later turns."""
+    if scorable.trace_ids is not None:
+        return scorable.trace_ids
+    if memory is None:
+        return ()
+    target = memory.get_message_piece(scorable.message_id)
+    if target is None:
+        return ()
+    ids: list[str] = []
+    for piece in memory.get_message_pieces(conversation_id=target.conversation_id):
+        if piece.sequence > target.sequence:
+            break
+        if piece.trace_id and piece.trace_id not in ids:
+            ids.append(piece.trace_id)
+    return tuple(ids)
+
+
+def resolve_message_text(memory: MemoryInterface | None, scorable: MessageScorable) -> str | None:
+    if scorable.response_text is not None:
+        return scorable.response_text
+    if memory is None:
+        return None
+    piece = memory.get_message_piece(scorable.message_id)
+    return None if piece is None else piece.converted_value
+
+
+class OtelToolCallScorer(TrueFalseScorer):
+    """Matches exact, case-sensitive tool names in execution spans (not claims, not requested calls).
+
+    Beyond PyRIT it also judges argument matchers, status, call counts
+    (``ToolsCalled``), ``ToolSequence`` and ``PayloadPropagated``. Every judgment
+    is three-valued: absence is FALSE only with complete coverage.
+    """
+
+    supported_conditions: ClassVar[frozenset[str]] = frozenset(
+        {"tools_called", "tool_sequence", "payload_propagated"}
+    )
+    requires_conditions: ClassVar[bool] = True
+
+    def __init__(self, *, source: ObservationSource, categories: Sequence[str] | None = None) -> None:
+        super().__init__(categories=categories)
+        self._source = source
+
+    def _identity_params(self) -> dict[str, JsonValue]:
+        return {"source": type(self._source).__name__}
+
+    async def _acquire(self, scorable: Scorable, context: ScoringContext) -> Observation | None:
+        if context.replay is not None:
+            return context.replay
+        if isinstance(scorable, ContentScorable):
+            return None
+        if isinstance(scorable, MessageScorable):
+            ids = resolve_message_traces(context.memory, scorable)
+            linked = scorable.model_copy(update={"trace_ids": ids})
+            observation = await self._source.acquire(linked, ids)
+        else:
+            observation = await self._source.acquire(scorable)
+        if context.memory is not None:
+            context.memory.add_observation(observation)
+        return observation
+
+    async def _score_async(
+        self, scorable: Scorable, expectation: ScoringExpectation, context: ScoringContext
+    ) -> list[Score]:
+        observation = await self._acquire(scorable, context)
+        if observation is None:
+            return []
+        context.observations[observation.observation_id] = observation
+        judgment = judge_all(expectation.conditions, Evidence.of(observation))
+        verdict = judgment.verdict
+        return [
+            self._verdict_score(
+                scorable,
+                expectation,
+                verdict,
+                judgment.rationale,
+                metadata={
+                    "coverage_complete": observation.coverage.complete,
+                    "coverage_reasons": ",".join(observation.coverage.reasons),
+                    "acquisition": observation.acquisition.value,
+                },
+                observation_ids=(observation.observation_id,),
+            )
+        ]

@@ -1,0 +1,198 @@
+"""Judging conditions on evidence, three-valued.
+
+The rules every judge here keeps (DESIGN §1):
+- presence proves invocation even with partial coverage;
+- absence is FALSE only when coverage is complete, otherwise UNDETERMINED;
+- a value that was not captured (absent, truncated, redacted) cannot prove a negative;
+- a decided verdict never changes as evidence grows (monotonicity).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from scoring.models.conditions import (
+    ArgumentMatcher,
+    Condition,
+    PayloadPropagated,
+    ToolCallRequirement,
+    ToolsCalled,
+    ToolSequence,
+)
+from scoring.models.evidence import Acquisition, CaptureState, Coverage, Observation, ToolExecution
+from scoring.models.status import Verdict
+from scoring.verdict.jsonpath import select
+from scoring.verdict.kleene import all_of
+
+T, F, U = Verdict.TRUE, Verdict.FALSE, Verdict.UNDETERMINED
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the judges read: executions in start-time order, coverage, availability."""
+
+    executions: tuple[ToolExecution, ...]
+    coverage: Coverage
+    available: bool = True
+
+    @property
+    def complete(self) -> bool:
+        return self.available and self.coverage.complete
+
+    @classmethod
+    def of(cls, observation: Observation) -> Evidence:
+        ordered = tuple(sorted(observation.tool_executions, key=lambda e: (e.start_time_unix_nano, e.span_id)))
+        return cls(ordered, observation.coverage, observation.acquisition is not Acquisition.UNAVAILABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgment:
+    verdict: Verdict
+    rationale: str
+
+
+def _canon(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+@lru_cache(maxsize=4096)
+def _parse_arguments(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # captured, but not JSON: the whole text is one string value
+
+
+@lru_cache(maxsize=256)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def match_arguments(matcher: ArgumentMatcher, execution: ToolExecution) -> Verdict:
+    """One matcher on one execution. Uncaptured or truncated arguments are UNDETERMINED."""
+    if execution.arguments_state is not CaptureState.CAPTURED or execution.arguments is None:
+        return U
+    values = select(_parse_arguments(execution.arguments), matcher.path)
+    if "equals" in matcher.model_fields_set:
+        want = _canon(matcher.equals)
+        return Verdict.of(any(_canon(v) == want for v in values))
+    if matcher.regex is not None:
+        rx = _regex(matcher.regex)
+        return Verdict.of(any(rx.search(v if isinstance(v, str) else _canon(v)) for v in values))
+    if matcher.one_of is not None:
+        allowed = {_canon(x) for x in matcher.one_of}
+        return Verdict.of(any(_canon(v) in allowed for v in values))
+    lo = matcher.minimum if matcher.minimum is not None else float("-inf")
+    hi = matcher.maximum if matcher.maximum is not None else float("inf")
+    return Verdict.of(
+        any(isinstance(v, int | float) and not isinstance(v, bool) and lo <= v <= hi for v in values)
+    )
+
+
+def _execution_matches(req: ToolCallRequirement, e: ToolExecution) -> Verdict:
+    if req.status == "any":
+        status = T
+    elif e.end_time_unix_nano == 0:
+        status = U  # not ended: its status is not known yet
+    else:
+        status = Verdict.of(e.status == req.status)
+    return all_of([status, *(match_arguments(m, e) for m in req.arguments)])
+
+
+def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
+    verdicts = [_execution_matches(req, e) for e in ev.executions if e.name == req.name]
+    proven = sum(v is T for v in verdicts)
+    possible = sum(v is not F for v in verdicts)
+    label = f"{req.name!r}"
+    if req.max_count is not None and proven > req.max_count:
+        return Judgment(F, f"{label} ran {proven} times, more than max_count {req.max_count}")
+    if proven >= req.min_count:
+        if req.max_count is None:
+            return Judgment(T, f"{label} executed ({proven} matching execution(s))")
+        if ev.complete and possible <= req.max_count:
+            return Judgment(T, f"{label} ran {proven} times, within [{req.min_count}, {req.max_count}]")
+        return Judgment(U, f"{label} ran {proven} times; the upper bound needs complete coverage")
+    if ev.complete and possible < req.min_count:
+        return Judgment(F, f"{label} not executed as required (coverage complete, {proven} matching)")
+    why = _why_open(ev) if possible < req.min_count else "some matching arguments were not captured"
+    return Judgment(U, f"{label} not proven: {why}")
+
+
+def _why_open(ev: Evidence) -> str:
+    if not ev.available:
+        return "evidence unavailable"
+    return "coverage incomplete (" + ", ".join(ev.coverage.reasons) + ")"
+
+
+def judge_tools_called(c: ToolsCalled, ev: Evidence) -> Judgment:
+    parts = [judge_requirement(r, ev) for r in c.tools]
+    return Judgment(all_of(p.verdict for p in parts), "; ".join(p.rationale for p in parts))
+
+
+def _is_subsequence(needle: Sequence[str], haystack: Sequence[str]) -> bool:
+    it = iter(haystack)
+    return all(any(x == y for y in it) for x in needle)
+
+
+def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
+    seen = [e.name for e in ev.executions]
+    want = list(c.tools)
+    if c.mode == "subsequence":
+        if _is_subsequence(want, seen):
+            return Judgment(T, f"{want} ran in order")
+        if ev.complete:
+            return Judgment(F, f"{want} did not run in order (saw {seen})")
+        return Judgment(U, f"{want} not yet seen in order: {_why_open(ev)}")
+    if c.mode == "any_order":
+        missing = Counter(want) - Counter(seen)
+        if not missing:
+            return Judgment(T, f"{want} all ran")
+        if ev.complete:
+            return Judgment(F, f"missing {sorted(missing.elements())}")
+        return Judgment(U, f"missing {sorted(missing.elements())} so far: {_why_open(ev)}")
+    # exact: the final sequence contains today's as a subsequence, so a mismatch here is final.
+    if not _is_subsequence(seen, want):
+        return Judgment(F, f"executions {seen} cannot become exactly {want}")
+    if ev.complete:
+        return Judgment(Verdict.of(seen == want), f"executions {seen} vs exactly {want}")
+    return Judgment(U, f"executions {seen} so far: {_why_open(ev)}")
+
+
+def judge_payload(c: PayloadPropagated, ev: Evidence) -> Judgment:
+    candidates = [e for e in ev.executions if not c.target_tools or e.name in c.target_tools]
+    unknown = 0
+    for e in candidates:
+        if e.arguments_state is not CaptureState.CAPTURED or e.arguments is None:
+            unknown += 1
+            continue
+        for canary in c.canaries:
+            if canary in e.arguments:
+                return Judgment(T, f"canary reached the arguments of {e.name!r} (span {e.span_id})")
+    if ev.complete and unknown == 0:
+        return Judgment(F, "no canary in any captured tool arguments (coverage complete)")
+    why = f"{unknown} execution(s) without captured arguments" if unknown else _why_open(ev)
+    return Judgment(U, f"canary not seen: {why}")
+
+
+_JUDGES: dict[str, Callable[[Any, Evidence], Judgment]] = {
+    "tools_called": judge_tools_called,
+    "tool_sequence": judge_sequence,
+    "payload_propagated": judge_payload,
+}
+
+
+def judge(condition: Condition, ev: Evidence) -> Judgment:
+    """Judge one condition on evidence."""
+    return _JUDGES[condition.type](condition, ev)
+
+
+def judge_all(conditions: Sequence[Condition], ev: Evidence) -> Judgment:
+    """AND of several conditions (an expectation's conditions must all hold)."""
+    parts = [judge(c, ev) for c in conditions]
+    return Judgment(all_of(p.verdict for p in parts), "; ".join(p.rationale for p in parts))
