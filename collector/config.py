@@ -1,0 +1,191 @@
+"""Service configuration: one frozen model per section, loaded from YAML with env overrides.
+
+Every key is validated at start-up; an unknown key or a bad value fails with the
+dotted path of the offending key. Environment variables override YAML:
+``TOOLWITNESS_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets ``kafka.bootstrap_servers``
+(double underscore separates levels); the shorthands ``TOOLWITNESS_KAFKA_BOOTSTRAP``
+and ``TOOLWITNESS_REDIS_URL`` are accepted too. Secrets never live in the file:
+the config names the environment variables that hold them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TenantConfig(_Section):
+    default: str = "default"
+    #: Kafka header carrying the tenant (wins over the resource attribute).
+    header: str = "toolwitness-tenant"
+    #: resource attribute carrying the tenant.
+    resource_attribute: str = "toolwitness.tenant"
+
+
+class TopicsConfig(_Section):
+    spans: str = "otlp_spans"
+    control: str = "toolwitness.control"
+    scores: str = "toolwitness.scores"
+    observations: str = "toolwitness.observations"
+    dlq: str = "toolwitness.dlq"
+
+
+class KafkaSecurityConfig(_Section):
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = ""
+    sasl_username_env: str = "TOOLWITNESS_KAFKA_SASL_USERNAME"
+    sasl_password_env: str = "TOOLWITNESS_KAFKA_SASL_PASSWORD"
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str = "127.0.0.1:19092"
+    group_id: str = "toolwitness"
+    client_id: str = "toolwitness"
+    encoding: Literal["otlp_proto", "otlp_json"] = "otlp_proto"
+    output_format: Literal["protobuf", "json"] = "protobuf"
+    topics: TopicsConfig = TopicsConfig()
+    max_record_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_poll_records: int = Field(default=500, ge=1)
+    poll_timeout_ms: int = Field(default=100, ge=1)
+    request_timeout_ms: int = Field(default=30000, ge=1000)
+    security: KafkaSecurityConfig = KafkaSecurityConfig()
+
+
+class RedisConfig(_Section):
+    url: str = "redis://127.0.0.1:6390/0"
+    password_env: str = "TOOLWITNESS_REDIS_PASSWORD"
+    state_ttl_seconds: int = Field(default=86400, ge=1)
+    socket_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"must start with redis://, rediss:// or unix://, got {v!r}")
+        return v
+
+
+class CompletionConfig(_Section):
+    #: marker: only completion markers prove absence. inferred: also root end + watermark.
+    mode: Literal["marker", "inferred"] = "marker"
+    allowed_lateness_ms: int = Field(default=2000, ge=0)
+    max_out_of_orderness_ms: int = Field(default=1000, ge=0)
+    idle_partition_ms: int = Field(default=10000, ge=0)
+    default_deadline_seconds: float = Field(default=300, gt=0)
+    sweep_interval_ms: int = Field(default=250, ge=10)
+
+
+class LimitsConfig(_Section):
+    max_spans_per_trace: int = Field(default=10000, ge=1)
+    max_attributes_per_span: int = Field(default=1024, ge=1)
+    max_tool_executions_per_trace: int = Field(default=1000, ge=1)
+    #: arguments longer than this are kept truncated (and judged UNDETERMINED).
+    max_argument_bytes: int = Field(default=1024, ge=16)
+
+
+class ScorerTreeConfig(_Section):
+    """A named scorer tree. ``type`` picks the node; wrappers nest ``scorers`` / ``scorer``."""
+
+    type: Literal[
+        "otel_tool_call", "substring", "plagiarism", "composite", "inverter", "threshold", "fallback"
+    ]
+    substring: str | None = None
+    case_sensitive: bool = False
+    reference_text: str | None = None
+    aggregator: Literal["and", "or", "majority"] | None = None
+    threshold: float | None = None
+    categories: tuple[str, ...] = ()
+    scorers: tuple[ScorerTreeConfig, ...] = ()
+    scorer: ScorerTreeConfig | None = None
+    fallback_scorer: ScorerTreeConfig | None = None
+
+
+class AdminConfig(_Section):
+    host: str = "127.0.0.1"
+    #: serves /healthz (liveness), /readyz (readiness) and /metrics (Prometheus).
+    port: int = Field(default=8888, ge=0, le=65535)
+
+
+class ServiceConfig(_Section):
+    tenant: TenantConfig = TenantConfig()
+    kafka: KafkaConfig = KafkaConfig()
+    redis: RedisConfig = RedisConfig()
+    completion: CompletionConfig = CompletionConfig()
+    limits: LimitsConfig = LimitsConfig()
+    scorers: dict[str, ScorerTreeConfig] = Field(
+        default_factory=lambda: {"tools": ScorerTreeConfig(type="otel_tool_call")}
+    )
+    admin: AdminConfig = AdminConfig()
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: name of this instance in logs and metrics (defaults to host:pid).
+    instance: str = ""
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names each offending key."""
+
+    retriable = False
+
+
+ENV_PREFIX = "TOOLWITNESS_"
+_SHORTHANDS = {"TOOLWITNESS_KAFKA_BOOTSTRAP": ("kafka", "bootstrap_servers"), "TOOLWITNESS_REDIS_URL": ("redis", "url")}
+
+
+def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(path)}: cannot set below non-mapping key {part!r}")
+        node = child
+    node[path[-1]] = value
+
+
+def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any]]:
+    out: list[tuple[tuple[str, ...], Any]] = []
+    for key, raw in sorted(env.items()):
+        if key in _SHORTHANDS:
+            out.append((_SHORTHANDS[key], raw))
+        elif key.startswith(ENV_PREFIX) and "__" in key:
+            path = tuple(p.lower() for p in key[len(ENV_PREFIX) :].split("__"))
+            try:
+                value: Any = json.loads(raw)
+            except ValueError:
+                value = raw
+            out.append((path, value))
+    return out
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> ServiceConfig:
+    """Load and validate the configuration; raise ConfigError naming every bad key."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config {path}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded or {}
+    for p, v in _env_overrides(os.environ if env is None else env):
+        _set_path(data, p, v)
+    try:
+        return ServiceConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from None

@@ -1,0 +1,1 @@
+"""Self-telemetry of the service: every internal metric is declared in metrics.py."""

@@ -1,0 +1,63 @@
+"""Every internal metric of the service, declared in one place (like the Collector's metadata.yaml).
+
+Each metric carries the ``component`` label: the unique name of the pipeline
+stage that records it. Count every drop.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+SPANS_IN = Counter(
+    "toolwitness_spans_received", "Spans decoded from input records.", ["component"], registry=REGISTRY
+)
+RECORDS_IN = Counter(
+    "toolwitness_records_received", "Kafka records consumed, by topic kind.", ["component", "kind"], registry=REGISTRY
+)
+DLQ_RECORDS = Counter(
+    "toolwitness_dlq_records", "Records sent to the dead-letter topic, by reason.", ["component", "reason"],
+    registry=REGISTRY,
+)
+DROPPED = Counter(
+    "toolwitness_dropped", "Items dropped by a limit or rule, by reason.", ["component", "reason"], registry=REGISTRY
+)
+TRACES_IN_STATE = Gauge(
+    "toolwitness_traces_touched", "Distinct traces updated in Redis by the last batch.", ["component"],
+    registry=REGISTRY,
+)
+DECISIONS = Counter(
+    "toolwitness_decisions", "Score events decided, by verdict and trigger.", ["component", "verdict", "trigger"],
+    registry=REGISTRY,
+)
+REVISIONS = Counter(
+    "toolwitness_revisions", "Scores revised after a broken completion claim.", ["component"], registry=REGISTRY
+)
+RESENT = Counter(
+    "toolwitness_scores_resent", "Identical score events re-sent after a crash or by the sweeper.", ["component"],
+    registry=REGISTRY,
+)
+TIME_TO_VERDICT = Histogram(
+    "toolwitness_time_to_verdict_seconds",
+    "From expectation registration (or deciding record) to score publication.",
+    ["component", "verdict"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    registry=REGISTRY,
+)
+CONSUMER_LAG = Gauge(
+    "toolwitness_consumer_lag", "Records behind the high watermark, by topic and partition.",
+    ["component", "topic", "partition"], registry=REGISTRY,
+)
+WATERMARK = Gauge(
+    "toolwitness_event_time_watermark_ms", "Global event-time watermark (ms since epoch).", ["component"],
+    registry=REGISTRY,
+)
+EXPORT_FAILURES = Counter(
+    "toolwitness_export_failures", "Exporter errors caught and counted (never raised into the poll loop).",
+    ["component"], registry=REGISTRY,
+)
+BATCH_SECONDS = Histogram(
+    "toolwitness_batch_seconds", "Time to process one consumed batch through the commit protocol.",
+    ["component"], registry=REGISTRY,
+)

@@ -1,0 +1,363 @@
+"""Conversions between the wire (protobuf / JSON) and the scoring library's models.
+
+Decoding control messages validates every field and raises ``ControlDecodeError``
+with a reason that names what was wrong; the receiver sends such records to the DLQ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from pydantic import ValidationError
+
+from collector.wire.gen import common_pb2, control_pb2, score_pb2
+from scoring.models import (
+    Acquisition,
+    ArgumentMatcher,
+    CaptureState,
+    CompletionSource,
+    Coverage,
+    MessageScorable,
+    Observation,
+    PayloadPropagated,
+    ScoringExpectation,
+    SessionScorable,
+    ToolCallRequirement,
+    ToolExecution,
+    ToolsCalled,
+    ToolSequence,
+    TraceScorable,
+)
+from scoring.models.conditions import Condition
+from scoring.models.scorables import check_trace_id
+
+Scope = TraceScorable | SessionScorable | MessageScorable
+
+
+class ControlDecodeError(ValueError):
+    """A control record that cannot be used. ``reason`` is a short machine-readable code."""
+
+    retriable = False
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredExpectation:
+    """An expectation as the service keeps it."""
+
+    expectation_id: str
+    tenant: str
+    scope: Scope
+    scorer: str
+    expectation: ScoringExpectation
+    deadline_ms: int
+    created_ms: int
+
+    def trace_ids(self) -> tuple[str, ...]:
+        if isinstance(self.scope, SessionScorable):
+            return ()
+        return self.scope.trace_ids or ()
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "id": self.expectation_id,
+                "tenant": self.tenant,
+                "scope": self.scope.model_dump(mode="json"),
+                "scorer": self.scorer,
+                "expectation": self.expectation.model_dump(mode="json"),
+                "deadline_ms": self.deadline_ms,
+                "created_ms": self.created_ms,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> RegisteredExpectation:
+        d = json.loads(raw)
+        kind = d["scope"]["kind"]
+        scope: Scope
+        if kind == "trace":
+            scope = TraceScorable.model_validate(d["scope"])
+        elif kind == "session":
+            scope = SessionScorable.model_validate(d["scope"])
+        else:
+            scope = MessageScorable.model_validate(d["scope"])
+        return cls(
+            expectation_id=d["id"],
+            tenant=d["tenant"],
+            scope=scope,
+            scorer=d["scorer"],
+            expectation=ScoringExpectation.model_validate(d["expectation"]),
+            deadline_ms=int(d["deadline_ms"]),
+            created_ms=int(d["created_ms"]),
+        )
+
+
+# --- control: proto -> models ---------------------------------------------------------------------
+
+
+def _matcher(m: control_pb2.ArgumentMatcher) -> ArgumentMatcher:
+    kind = m.WhichOneof("match")
+    path = m.path or "$"
+    if kind == "equals_json":
+        return ArgumentMatcher(path=path, equals=json.loads(m.equals_json))
+    if kind == "regex":
+        return ArgumentMatcher(path=path, regex=m.regex)
+    if kind == "range":
+        return ArgumentMatcher(
+            path=path,
+            minimum=m.range.min if m.range.HasField("min") else None,
+            maximum=m.range.max if m.range.HasField("max") else None,
+        )
+    if kind == "one_of":
+        return ArgumentMatcher(path=path, one_of=tuple(json.loads(v) for v in m.one_of.values_json))
+    raise ControlDecodeError("invalid_matcher", f"argument matcher at {path!r} has no match kind")
+
+
+def _condition(c: control_pb2.Condition) -> Condition:
+    kind = c.WhichOneof("kind")
+    if kind == "tools_called":
+        return ToolsCalled(
+            tools=tuple(
+                ToolCallRequirement(
+                    name=t.name,
+                    arguments=tuple(_matcher(m) for m in t.arguments),
+                    status=(t.status or "any"),
+                    min_count=t.min_count if t.HasField("min_count") else 1,
+                    max_count=t.max_count if t.HasField("max_count") else None,
+                )
+                for t in c.tools_called.tools
+            )
+        )
+    if kind == "tool_sequence":
+        return ToolSequence(tools=tuple(c.tool_sequence.tools), mode=(c.tool_sequence.mode or "subsequence"))
+    if kind == "payload_propagated":
+        return PayloadPropagated(
+            canaries=tuple(c.payload_propagated.canaries), target_tools=tuple(c.payload_propagated.target_tools)
+        )
+    raise ControlDecodeError("invalid_condition", "condition has no kind")
+
+
+def scope_from_proto(s: common_pb2.Scope) -> Scope:
+    kind = s.WhichOneof("kind")
+    if kind == "traces":
+        return TraceScorable(trace_ids=tuple(s.traces.trace_ids))
+    if kind == "session":
+        return SessionScorable(session_id=s.session.session_id)
+    if kind == "message":
+        m = s.message
+        return MessageScorable(
+            message_id=m.message_id or "message",
+            conversation_id=m.conversation_id,
+            trace_ids=tuple(m.trace_ids),
+            response_text=m.response_text,
+        )
+    raise ControlDecodeError("invalid_scope", "expectation has no scope")
+
+
+def scope_to_proto(scope: Scope) -> common_pb2.Scope:
+    if isinstance(scope, TraceScorable):
+        return common_pb2.Scope(traces=common_pb2.TraceScope(trace_ids=list(scope.trace_ids)))
+    if isinstance(scope, SessionScorable):
+        return common_pb2.Scope(session=common_pb2.SessionScope(session_id=scope.session_id))
+    return common_pb2.Scope(
+        message=common_pb2.MessageScope(
+            conversation_id=scope.conversation_id,
+            message_id=scope.message_id,
+            trace_ids=list(scope.trace_ids or ()),
+            response_text=scope.response_text or "",
+        )
+    )
+
+
+def decode_control(value: bytes, *, json_format_input: bool = False) -> control_pb2.ControlMessage:
+    """Parse a control record (protobuf, or protobuf-JSON when the first byte is '{')."""
+    msg = control_pb2.ControlMessage()
+    try:
+        if json_format_input or value[:1] == b"{":
+            json_format.Parse(value.decode("utf-8"), msg)
+        else:
+            msg.ParseFromString(value)
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError) as exc:
+        raise ControlDecodeError("undecodable_control", f"{type(exc).__name__}: {exc}") from None
+    if msg.WhichOneof("message") is None:
+        raise ControlDecodeError("empty_control", "control message has no expectation, completion or cancel")
+    return msg
+
+
+def expectation_from_proto(
+    e: control_pb2.Expectation, *, default_tenant: str, default_deadline_s: float, now_ms: int
+) -> RegisteredExpectation:
+    if not e.expectation_id:
+        raise ControlDecodeError("invalid_expectation", "expectation_id is empty")
+    try:
+        scope = scope_from_proto(e.scope)
+        expectation = ScoringExpectation(
+            conditions=tuple(_condition(c) for c in e.conditions), objective=e.objective or None
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ControlDecodeError("invalid_expectation", f"{where}: {first['msg']}") from None
+    except (ValueError, json.JSONDecodeError) as exc:
+        if isinstance(exc, ControlDecodeError):
+            raise
+        raise ControlDecodeError("invalid_expectation", str(exc)) from None
+    deadline_s = e.deadline.ToTimedelta().total_seconds() if e.HasField("deadline") else default_deadline_s
+    created_ms = now_ms
+    return RegisteredExpectation(
+        expectation_id=e.expectation_id,
+        tenant=e.tenant or default_tenant,
+        scope=scope,
+        scorer=e.scorer or "tools",
+        expectation=expectation,
+        deadline_ms=created_ms + int(deadline_s * 1000),
+        created_ms=created_ms,
+    )
+
+
+def check_marker(m: control_pb2.CompletionMarker) -> None:
+    target = m.WhichOneof("target")
+    if target is None:
+        raise ControlDecodeError("invalid_marker", "completion marker names neither trace_id nor session_id")
+    if target == "trace_id":
+        try:
+            check_trace_id(m.trace_id)
+        except ValueError as exc:
+            raise ControlDecodeError("invalid_marker", str(exc)) from None
+
+
+# --- outputs: models -> proto ----------------------------------------------------------------------
+
+_CAPTURE = {
+    CaptureState.CAPTURED: common_pb2.CAPTURE_STATE_CAPTURED,
+    CaptureState.ABSENT: common_pb2.CAPTURE_STATE_ABSENT,
+    CaptureState.TRUNCATED: common_pb2.CAPTURE_STATE_TRUNCATED,
+}
+_CAPTURE_BACK = {v: k for k, v in _CAPTURE.items()}
+_SOURCE = {
+    CompletionSource.MARKER: common_pb2.COMPLETION_SOURCE_MARKER,
+    CompletionSource.WATERMARK: common_pb2.COMPLETION_SOURCE_WATERMARK,
+    CompletionSource.CALLER: common_pb2.COMPLETION_SOURCE_CALLER,
+}
+_SOURCE_BACK = {v: k for k, v in _SOURCE.items()}
+_ACQ = {
+    Acquisition.COMPLETE: score_pb2.ACQUISITION_COMPLETE,
+    Acquisition.PARTIAL: score_pb2.ACQUISITION_PARTIAL,
+    Acquisition.UNAVAILABLE: score_pb2.ACQUISITION_UNAVAILABLE,
+    Acquisition.ERROR: score_pb2.ACQUISITION_ERROR,
+}
+_ACQ_BACK = {v: k for k, v in _ACQ.items()}
+
+
+def coverage_to_proto(c: Coverage) -> common_pb2.Coverage:
+    return common_pb2.Coverage(
+        complete=c.complete,
+        reasons=list(c.reasons),
+        source=_SOURCE[c.source] if c.source is not None else common_pb2.COMPLETION_SOURCE_UNSPECIFIED,
+    )
+
+
+def coverage_from_proto(c: common_pb2.Coverage) -> Coverage:
+    if c.complete:
+        return Coverage.completed(_SOURCE_BACK.get(c.source, CompletionSource.MARKER))
+    return Coverage.incomplete(*c.reasons)
+
+
+def execution_to_proto(e: ToolExecution) -> common_pb2.ToolExecution:
+    return common_pb2.ToolExecution(
+        name=e.name,
+        trace_id=e.trace_id,
+        span_id=e.span_id,
+        call_id=e.call_id or "",
+        status=common_pb2.EXECUTION_STATUS_ERROR if e.status == "error" else common_pb2.EXECUTION_STATUS_OK,
+        start_time_unix_nano=e.start_time_unix_nano,
+        end_time_unix_nano=e.end_time_unix_nano,
+        arguments_json=e.arguments or "",
+        arguments_state=_CAPTURE[e.arguments_state],
+        convention=e.convention,
+    )
+
+
+def execution_from_proto(p: common_pb2.ToolExecution) -> ToolExecution:
+    return ToolExecution(
+        name=p.name,
+        trace_id=p.trace_id,
+        span_id=p.span_id,
+        call_id=p.call_id or None,
+        status="error" if p.status == common_pb2.EXECUTION_STATUS_ERROR else "ok",
+        start_time_unix_nano=p.start_time_unix_nano,
+        end_time_unix_nano=p.end_time_unix_nano,
+        arguments=p.arguments_json if p.arguments_state != common_pb2.CAPTURE_STATE_ABSENT else None,
+        arguments_state=_CAPTURE_BACK.get(p.arguments_state, CaptureState.ABSENT),
+        convention="openinference" if p.convention == "openinference" else "gen_ai",
+    )
+
+
+def observation_to_proto(o: Observation) -> score_pb2.Observation:
+    msg = score_pb2.Observation(
+        observation_id=o.observation_id,
+        scope=scope_to_proto(o.scorable),  # type: ignore[arg-type]
+        tool_executions=[execution_to_proto(e) for e in o.tool_executions],
+        coverage=coverage_to_proto(o.coverage),
+        acquisition=_ACQ[o.acquisition],
+        normalization_version=o.normalization_version,
+    )
+    msg.captured_at.FromDatetime(o.captured_at)
+    return msg
+
+
+def observation_from_proto(p: score_pb2.Observation) -> Observation:
+    """Rebuild the library Observation; its content hash must match the id (tamper check)."""
+    return Observation(
+        observation_id=p.observation_id,
+        scorable=scope_from_proto(p.scope),
+        tool_executions=tuple(execution_from_proto(e) for e in p.tool_executions),
+        coverage=coverage_from_proto(p.coverage),
+        acquisition=_ACQ_BACK.get(p.acquisition, Acquisition.PARTIAL),
+        normalization_version=p.normalization_version,
+        captured_at=p.captured_at.ToDatetime(tzinfo=UTC),
+    )
+
+
+def score_id_for(expectation_id: str, version: int) -> str:
+    """Deterministic score id: the same expectation and version always give the same id."""
+    return hashlib.sha256(f"{expectation_id}\x00{version}".encode()).hexdigest()[:32]
+
+
+def encode(msg: score_pb2.ScoreEvent | score_pb2.Observation | control_pb2.ControlMessage, fmt: str) -> bytes:
+    if fmt == "json":
+        return json_format.MessageToJson(msg, preserving_proto_field_name=True, sort_keys=True, indent=None).encode()
+    return msg.SerializeToString(deterministic=True)
+
+
+def decode_score_event(value: bytes) -> score_pb2.ScoreEvent:
+    ev = score_pb2.ScoreEvent()
+    if value[:1] == b"{":
+        json_format.Parse(value.decode(), ev)
+    else:
+        ev.ParseFromString(value)
+    return ev
+
+
+def decode_observation(value: bytes) -> score_pb2.Observation:
+    ob = score_pb2.Observation()
+    if value[:1] == b"{":
+        json_format.Parse(value.decode(), ob)
+    else:
+        ob.ParseFromString(value)
+    return ob
+
+
+def now_ms() -> int:
+    return int(datetime.now(UTC).timestamp() * 1000)
