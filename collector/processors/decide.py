@@ -1,0 +1,284 @@
+"""The decision step: evidence from Redis → the pure scoring core → a score event, or nothing yet.
+
+This is where a verdict is decided for the service. It builds an Observation
+from trace states and runs the configured scorer tree in replay + streaming
+mode, so the tree never touches a trace client and wrappers stay monotone.
+A TRUE/FALSE verdict is decided the moment it is decidable; UNDETERMINED only
+when the evidence is final (deadline passed, evidence unavailable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from collector.config import CompletionConfig, ScorerTreeConfig, ServiceConfig
+from collector.processors.trace_state import TraceState
+from collector.wire.convert import (
+    RegisteredExpectation,
+    coverage_to_proto,
+    observation_to_proto,
+    scope_to_proto,
+    score_id_for,
+)
+from collector.wire.gen import common_pb2, score_pb2
+from scoring.models import (
+    Acquisition,
+    CaptureState,
+    CompletionSource,
+    Coverage,
+    MessageScorable,
+    Observation,
+    SessionScorable,
+    ToolExecution,
+    TraceScorable,
+    Verdict,
+)
+from scoring.models.evidence import AWAITING_COMPLETION, LATE_SPAN, ORPHAN_PARENT, STATE_LOST
+from scoring.score import (
+    FloatScaleFallbackScorer,
+    FloatScaleScorer,
+    FloatScaleThresholdScorer,
+    OtelToolCallScorer,
+    PlagiarismScorer,
+    Scorer,
+    ScoringContext,
+    SubStringScorer,
+    TrueFalseCompositeScorer,
+    TrueFalseFallbackScorer,
+    TrueFalseInverterScorer,
+    TrueFalseScoreAggregator,
+    TrueFalseScorer,
+)
+from scoring.score.observation.source import EvidenceScorable
+
+_STATUS = {
+    Verdict.TRUE: common_pb2.SCORE_STATUS_TRUE,
+    Verdict.FALSE: common_pb2.SCORE_STATUS_FALSE,
+    Verdict.UNDETERMINED: common_pb2.SCORE_STATUS_UNDETERMINED,
+}
+
+
+class ReplayOnlySource:
+    """The service's trees only ever judge snapshots; acquiring here is a bug."""
+
+    async def acquire(self, scorable: EvidenceScorable, trace_ids: Sequence[str] | None = None) -> Observation:
+        raise RuntimeError("service scorer trees judge observations only (replay mode)")
+
+
+def build_tree(cfg: ScorerTreeConfig, path: str = "scorers") -> Scorer:
+    """Build a scorer tree from its config; errors name the config path."""
+    cats = cfg.categories or None
+
+    def need(v: Any, what: str) -> Any:
+        if v is None:
+            raise ValueError(f"{path}: type {cfg.type!r} needs {what}")
+        return v
+
+    if cfg.type == "otel_tool_call":
+        return OtelToolCallScorer(source=ReplayOnlySource(), categories=cats)
+    if cfg.type == "substring":
+        return SubStringScorer(substring=need(cfg.substring, "substring"), case_sensitive=cfg.case_sensitive,
+                               categories=cats)
+    if cfg.type == "plagiarism":
+        return PlagiarismScorer(reference_text=need(cfg.reference_text, "reference_text"), categories=cats)
+    if cfg.type == "composite":
+        kids = [build_tree(c, f"{path}.scorers[{i}]") for i, c in enumerate(cfg.scorers)]
+        tf = [k for k in kids if isinstance(k, TrueFalseScorer)]
+        if len(tf) != len(kids) or not kids:
+            raise ValueError(f"{path}: composite needs one or more true/false scorers")
+        return TrueFalseCompositeScorer(
+            aggregator=TrueFalseScoreAggregator(need(cfg.aggregator, "aggregator")), scorers=tf, categories=cats
+        )
+    if cfg.type == "inverter":
+        inner = build_tree(need(cfg.scorer, "scorer"), f"{path}.scorer")
+        if not isinstance(inner, TrueFalseScorer):
+            raise ValueError(f"{path}: inverter needs a true/false scorer")
+        return TrueFalseInverterScorer(scorer=inner, categories=cats)
+    if cfg.type == "threshold":
+        inner = build_tree(need(cfg.scorer, "scorer"), f"{path}.scorer")
+        if not isinstance(inner, FloatScaleScorer):
+            raise ValueError(f"{path}: threshold needs a float-scale scorer")
+        return FloatScaleThresholdScorer(scorer=inner, threshold=need(cfg.threshold, "threshold"), categories=cats)
+    primary = build_tree(need(cfg.scorer, "scorer"), f"{path}.scorer")
+    fallback = build_tree(need(cfg.fallback_scorer, "fallback_scorer"), f"{path}.fallback_scorer")
+    if isinstance(primary, TrueFalseScorer) and isinstance(fallback, TrueFalseScorer):
+        return TrueFalseFallbackScorer(scorer=primary, fallback_scorer=fallback, categories=cats)
+    if isinstance(primary, FloatScaleScorer) and isinstance(fallback, FloatScaleScorer):
+        return FloatScaleFallbackScorer(scorer=primary, fallback_scorer=fallback, categories=cats)
+    raise ValueError(f"{path}: fallback children must be of the same family")
+
+
+def trace_coverage(
+    st: TraceState | None, watermark_ms: int, cfg: CompletionConfig
+) -> tuple[set[str], CompletionSource | None]:
+    """Coverage reasons of one trace from its state, or (set(), source) when complete."""
+    if st is None:
+        return {AWAITING_COMPLETION}, None
+    reasons = set(st.reasons)
+    if st.orphans:
+        reasons.add(ORPHAN_PARENT)
+    if st.late:
+        reasons.add(LATE_SPAN)
+    source: CompletionSource | None = None
+    if st.marker_count >= 0:
+        if st.span_count == st.marker_count:
+            source = CompletionSource.MARKER
+        elif st.span_count > st.marker_count:
+            reasons.add(LATE_SPAN)
+    elif st.marker_at_ms >= 0:
+        if watermark_ms >= st.marker_at_ms + cfg.allowed_lateness_ms:
+            source = CompletionSource.WATERMARK
+    elif (
+        cfg.mode == "inferred"
+        and st.root_end_ms > 0
+        and not st.orphans
+        and watermark_ms >= st.root_end_ms + cfg.allowed_lateness_ms
+    ):
+        source = CompletionSource.WATERMARK
+    if source is None:
+        reasons.add(AWAITING_COMPLETION)
+    return (reasons, None) if reasons else (set(), source)
+
+
+def executions_of(st: TraceState, trace_id: str) -> list[ToolExecution]:
+    out = []
+    for x in st.executions:
+        span_id, name, status, start, end, arg_state, args, call_id, conv = x
+        state = CaptureState(arg_state)
+        out.append(
+            ToolExecution(
+                name=name,
+                trace_id=trace_id,
+                span_id=span_id,
+                call_id=call_id or None,
+                status="error" if status == "error" else "ok",
+                start_time_unix_nano=int(start),
+                end_time_unix_nano=int(end),
+                arguments=args if state is not CaptureState.ABSENT else None,
+                arguments_state=state,
+                convention="openinference" if conv == "openinference" else "gen_ai",
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A decidable result for one expectation (not yet compare-and-set)."""
+
+    expectation: RegisteredExpectation
+    verdict: Verdict
+    version: int
+    score_id: str
+    event: score_pb2.ScoreEvent
+    observation: score_pb2.Observation
+    trigger: str
+
+
+class Decider:
+    """Evaluates expectations on trace states with the configured scorer trees."""
+
+    name = "processor/decide"
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.cfg = config
+        self.trees: dict[str, Scorer] = {n: build_tree(c, f"scorers.{n}") for n, c in config.scorers.items()}
+        self.identities = {n: t.get_identifier().hash for n, t in self.trees.items()}
+
+    def observation_for(
+        self,
+        exp: RegisteredExpectation,
+        traces: Sequence[str],
+        states: dict[tuple[str, str], TraceState | None],
+        watermark_ms: int,
+        *,
+        session_complete: bool = False,
+        lost: bool = False,
+    ) -> Observation:
+        executions: list[ToolExecution] = []
+        reasons: set[str] = set()
+        sources: set[CompletionSource] = set()
+        for t in traces:
+            st = states.get((exp.tenant, t))
+            r, src = trace_coverage(st, watermark_ms, self.cfg.completion)
+            reasons |= r
+            if src is not None:
+                sources.add(src)
+            if st is not None:
+                executions.extend(executions_of(st, t))
+        if not traces:
+            reasons.add(AWAITING_COMPLETION)
+        if isinstance(exp.scope, SessionScorable) and not session_complete:
+            reasons.add(AWAITING_COMPLETION)
+        if lost:
+            reasons.add(STATE_LOST)
+        coverage = Coverage.incomplete(*reasons) if reasons else Coverage.completed(
+            CompletionSource.MARKER if CompletionSource.MARKER in sources else CompletionSource.WATERMARK
+        )
+        acquisition = (
+            Acquisition.UNAVAILABLE if lost and not executions
+            else Acquisition.COMPLETE if coverage.complete else Acquisition.PARTIAL
+        )
+        scope = exp.scope
+        if isinstance(scope, MessageScorable | TraceScorable):
+            scope = scope.model_copy()
+        executions.sort(key=lambda e: (e.start_time_unix_nano, e.trace_id, e.span_id))
+        return Observation(
+            scorable=scope,
+            tool_executions=tuple(executions),
+            coverage=coverage,
+            acquisition=acquisition,
+            captured_at=datetime.now(UTC),
+        )
+
+    async def judge(
+        self, exp: RegisteredExpectation, observation: Observation, *, final: bool
+    ) -> tuple[Verdict, str, dict[str, str]]:
+        tree = self.trees.get(exp.scorer)
+        if tree is None:
+            return Verdict.UNDETERMINED, f"unknown scorer tree {exp.scorer!r}", {"error": "unknown_scorer"}
+        ctx = ScoringContext(memory=None, replay=observation, streaming=True, final=final)
+        scores = await tree.score_async(observation.scorable, exp.expectation, context=ctx)
+        if not scores:
+            return Verdict.UNDETERMINED, "scorer did not apply to this scope", {}
+        s = scores[0]
+        verdict = s.verdict if s.score_type == "true_false" else Verdict.of(None if s.get_value() is None else True)
+        meta = {k: "" if v is None else str(v) for k, v in s.metadata.items()}
+        return verdict, s.rationale, meta
+
+    def outcome(
+        self,
+        exp: RegisteredExpectation,
+        observation: Observation,
+        verdict: Verdict,
+        rationale: str,
+        meta: dict[str, str],
+        *,
+        version: int,
+        trigger: str,
+        now: datetime,
+    ) -> Outcome:
+        sid = score_id_for(exp.expectation_id, version)
+        ev = score_pb2.ScoreEvent(
+            score_id=sid,
+            expectation_id=exp.expectation_id,
+            version=version,
+            tenant=exp.tenant,
+            scope=scope_to_proto(exp.scope),
+            scorer=exp.scorer,
+            scorer_identity=self.identities.get(exp.scorer, ""),
+            status=_STATUS[verdict],
+            value="" if verdict is Verdict.UNDETERMINED else verdict.value,
+            rationale=rationale,
+            coverage=coverage_to_proto(observation.coverage),
+            observation_ids=[observation.observation_id],
+            metadata=meta,
+            trigger=trigger,
+        )
+        ev.decided_at.FromDatetime(now)
+        created = datetime.fromtimestamp(exp.created_ms / 1000, UTC)
+        ev.time_to_verdict.FromTimedelta(max(now - created, now - now))
+        return Outcome(exp, verdict, version, sid, ev, observation_to_proto(observation), trigger)

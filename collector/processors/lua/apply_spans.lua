@@ -1,0 +1,71 @@
+-- Apply one batch of normalized span facts to one trace's state, atomically.
+-- KEYS[1] state (JSON string)  KEYS[2] pending expectation ids (set)  KEYS[3] decided expectation ids (set)
+-- ARGV[1] ttl ms  ARGV[2] JSON array of span facts  ARGV[3] max spans  ARGV[4] max tool executions
+-- ARGV[5] global watermark ms  ARGV[6] allowed lateness ms  ARGV[7] inferred completion (1/0)
+-- Span fact: {i=span id, p=parent id or "", r=parent remote 0/1, e=end ms (0 = not ended),
+--             f={reasons...}, x=execution array or false, s=session id or ""}
+-- Returns JSON {new, n, late, root_end, pend=[...], dec=[...] (only when late), sess=[...], state=<json or "">}
+local raw = redis.call('GET', KEYS[1])
+local st
+if raw then
+  st = cjson.decode(raw)
+else
+  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, me = 0, mc = -1, ma = -1, l = 0, ss = {}}
+end
+local facts = cjson.decode(ARGV[2])
+local max_spans = tonumber(ARGV[3])
+local max_execs = tonumber(ARGV[4])
+local wm = tonumber(ARGV[5])
+local lateness = tonumber(ARGV[6])
+local inferred = ARGV[7] == '1'
+
+local function next_empty(t) return next(t) == nil end
+
+-- Was the trace already complete before this batch? Then any new span breaks the claim.
+local function complete_now()
+  if st.mc >= 0 then return st.n >= st.mc end
+  if st.ma >= 0 then return wm >= st.ma + lateness end
+  if inferred and st.re > 0 and next_empty(st.p) then return wm >= st.re + lateness end
+  return false
+end
+
+local added = 0
+local root_end = 0
+local new_sessions = {}
+local was_complete = complete_now()
+for _, f in ipairs(facts) do
+  if not st.s[f.i] then
+    if st.n >= max_spans then
+      st.r['limit_exceeded'] = 1
+    else
+      if was_complete then st.l = 1 end
+      st.s[f.i] = 1
+      st.n = st.n + 1
+      added = added + 1
+      st.p[f.i] = nil
+      if f.p ~= '' and f.r == 0 and not st.s[f.p] then st.p[f.p] = 1 end
+      if f.p == '' or f.r == 1 then
+        if f.e > 0 then st.re = f.e; root_end = f.e end
+      end
+      if f.e > st.me then st.me = f.e end
+      for _, reason in ipairs(f.f) do st.r[reason] = 1 end
+      if f.x then
+        if #st.x >= max_execs then st.r['limit_exceeded'] = 1 else table.insert(st.x, f.x) end
+      end
+      if f.s ~= '' and not st.ss[f.s] then st.ss[f.s] = 1; table.insert(new_sessions, f.s) end
+    end
+  end
+end
+if st.mc >= 0 and st.n > st.mc then st.l = 1 end
+
+local encoded = cjson.encode(st)
+if added > 0 or not raw then
+  redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
+end
+local pend = redis.call('SMEMBERS', KEYS[2])
+local dec = {}
+if st.l == 1 then dec = redis.call('SMEMBERS', KEYS[3]) end
+local out_state = ''
+if #pend > 0 or #dec > 0 then out_state = encoded end
+return cjson.encode({new = added, n = st.n, late = st.l, root_end = root_end,
+  pend = pend, dec = dec, sess = new_sessions, state = out_state})

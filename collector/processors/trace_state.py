@@ -1,0 +1,337 @@
+"""Per-trace evidence in Redis: one JSON state per trace, updated by registered Lua scripts.
+
+Keys are hash-tagged so one trace lives in one Cluster slot:
+``tw:{<tenant>:<trace_id>}:s`` (state), ``…:p`` (pending expectation ids),
+``…:d`` (decided expectation ids, kept for revisions). Expectations live at
+``tw:{<tenant>:e:<id>}:def`` / ``…:dec``; sessions at ``tw:{<tenant>:s:<id>}:t``
+(trace ids) / ``…:p`` (pending). Global sorted sets: ``tw:deadlines``,
+``tw:await_wm`` (traces waiting for the watermark), ``tw:unpub`` (decided but
+not yet published). Every batch's updates are one pipeline of EVALSHA calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from collector.config import ServiceConfig
+from collector.wire.convert import RegisteredExpectation
+
+SEP = "\x1f"
+
+
+def _lua(name: str) -> str:
+    return resources.files("collector.processors").joinpath("lua", name).read_text()
+
+
+def state_key(tenant: str, trace_id: str) -> str:
+    return f"tw:{{{tenant}:{trace_id}}}:s"
+
+
+def pending_key(tenant: str, trace_id: str) -> str:
+    return f"tw:{{{tenant}:{trace_id}}}:p"
+
+
+def decided_key(tenant: str, trace_id: str) -> str:
+    return f"tw:{{{tenant}:{trace_id}}}:d"
+
+
+def session_traces_key(tenant: str, session_id: str) -> str:
+    return f"tw:{{{tenant}:s:{session_id}}}:t"
+
+
+def session_pending_key(tenant: str, session_id: str) -> str:
+    return f"tw:{{{tenant}:s:{session_id}}}:p"
+
+
+def expectation_key(tenant: str, expectation_id: str) -> str:
+    return f"tw:{{{tenant}:e:{expectation_id}}}:def"
+
+
+def decision_key(tenant: str, expectation_id: str) -> str:
+    return f"tw:{{{tenant}:e:{expectation_id}}}:dec"
+
+
+DEADLINES = "tw:deadlines"
+AWAIT_WATERMARK = "tw:await_wm"
+UNPUBLISHED = "tw:unpub"
+
+
+def member(tenant: str, ident: str) -> str:
+    return f"{tenant}{SEP}{ident}"
+
+
+def split_member(m: str | bytes) -> tuple[str, str]:
+    s = m.decode() if isinstance(m, bytes) else m
+    tenant, _, ident = s.partition(SEP)
+    return tenant, ident
+
+
+@dataclass(slots=True)
+class TraceState:
+    """The decoded Redis state of one trace."""
+
+    span_count: int = 0
+    executions: list[list[Any]] = field(default_factory=list)
+    reasons: set[str] = field(default_factory=set)
+    orphans: int = 0
+    root_end_ms: int = 0
+    max_end_ms: int = 0
+    marker_count: int = -1
+    marker_at_ms: int = -1
+    late: bool = False
+    sessions: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> TraceState:
+        d = json.loads(raw)
+        x = d.get("x") or []
+        return cls(
+            span_count=int(d.get("n", 0)),
+            executions=list(x) if isinstance(x, list) else [],
+            reasons=set(d.get("r") or {}),
+            orphans=len(d.get("p") or {}),
+            root_end_ms=int(d.get("re", 0)),
+            max_end_ms=int(d.get("me", 0)),
+            marker_count=int(d.get("mc", -1)),
+            marker_at_ms=int(d.get("ma", -1)),
+            late=bool(d.get("l", 0)),
+            sessions=set(d.get("ss") or {}),
+        )
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    new_spans: int
+    span_count: int
+    late: bool
+    root_end_ms: int
+    pending: list[str]
+    decided: list[str]
+    new_sessions: list[str]
+    state: TraceState | None
+
+
+@dataclass(slots=True)
+class Decision:
+    """What decide.lua holds for an expectation."""
+
+    won: bool
+    version: int
+    score_id: str
+    event: bytes
+    observation: bytes
+    published: bool
+    verdict: str
+
+
+def _b(v: Any) -> bytes:
+    if v is None:
+        return b""
+    return v if isinstance(v, bytes) else str(v).encode()
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class TraceStateStore:
+    """The trace-state processor's Redis side. Scripts are registered once at start-up."""
+
+    name = "processor/trace_state"
+
+    def __init__(self, redis: Redis, config: ServiceConfig) -> None:
+        self.redis = redis
+        self.cfg = config
+        self.ttl_ms = config.redis.state_ttl_seconds * 1000
+        self._apply: AsyncScript | None = None
+        self._mark: AsyncScript | None = None
+        self._decide: AsyncScript | None = None
+
+    async def start(self) -> None:
+        self._apply = self.redis.register_script(_lua("apply_spans.lua"))
+        self._mark = self.redis.register_script(_lua("mark_complete.lua"))
+        self._decide = self.redis.register_script(_lua("decide.lua"))
+        # Load them now so a broken script fails start-up, not the first batch.
+        for script in (self._apply, self._mark, self._decide):
+            script.sha = await self.redis.script_load(script.script)
+
+    async def shutdown(self) -> None:
+        return None
+
+    async def apply(
+        self, groups: dict[tuple[str, str], list[dict[str, Any]]], watermark_ms: int
+    ) -> dict[tuple[str, str], ApplyResult]:
+        """Step 1 of the commit protocol: apply span facts, one EVALSHA per trace, one pipeline."""
+        assert self._apply is not None
+        if not groups:
+            return {}
+        lim = self.cfg.limits
+        inferred = "1" if self.cfg.completion.mode == "inferred" else "0"
+        keys = list(groups)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, trace in keys:
+                await self._apply(
+                    keys=[state_key(tenant, trace), pending_key(tenant, trace), decided_key(tenant, trace)],
+                    args=[
+                        self.ttl_ms,
+                        json.dumps(groups[(tenant, trace)], separators=(",", ":")),
+                        lim.max_spans_per_trace,
+                        lim.max_tool_executions_per_trace,
+                        watermark_ms,
+                        self.cfg.completion.allowed_lateness_ms,
+                        inferred,
+                    ],
+                    client=pipe,
+                )
+            raw = await pipe.execute()
+        out: dict[tuple[str, str], ApplyResult] = {}
+        for key, r in zip(keys, raw, strict=True):
+            d = json.loads(r)
+            out[key] = ApplyResult(
+                new_spans=int(d["new"]),
+                span_count=int(d["n"]),
+                late=bool(d["late"]),
+                root_end_ms=int(d["root_end"]),
+                pending=list(d["pend"] or []),
+                decided=list(d["dec"] or []),
+                new_sessions=list(d["sess"] or []),
+                state=TraceState.from_json(d["state"]) if d["state"] else None,
+            )
+        return out
+
+    async def index_sessions(self, items: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
+        """Record trace→session links; return the pending expectation ids of each session."""
+        items = list(items)
+        if not items:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, session, trace in items:
+                pipe.sadd(session_traces_key(tenant, session), trace)
+                pipe.pexpire(session_traces_key(tenant, session), self.ttl_ms)
+                pipe.smembers(session_pending_key(tenant, session))
+            raw = await pipe.execute()
+        out: dict[tuple[str, str], list[str]] = {}
+        for i, (tenant, session, _) in enumerate(items):
+            out[(tenant, session)] = sorted(_s(x) for x in raw[3 * i + 2])
+        return out
+
+    async def mark_complete(
+        self, tenant: str, trace_id: str, span_count: int | None, at_ms: int
+    ) -> tuple[list[str], list[str], TraceState]:
+        assert self._mark is not None
+        raw = await self._mark(
+            keys=[state_key(tenant, trace_id), pending_key(tenant, trace_id), decided_key(tenant, trace_id)],
+            args=[self.ttl_ms, -1 if span_count is None else span_count, at_ms],
+        )
+        d = json.loads(raw)
+        return list(d["pend"] or []), list(d["dec"] or []), TraceState.from_json(d["state"])
+
+    async def register(self, exp: RegisteredExpectation) -> bool:
+        """Store an expectation and index it under its traces/session. False if already known."""
+        ttl = max(self.ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)
+        created = await self.redis.set(expectation_key(exp.tenant, exp.expectation_id), exp.to_json(), px=ttl, nx=True)
+        if not created:
+            return False
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for trace in exp.trace_ids():
+                pipe.sadd(pending_key(exp.tenant, trace), exp.expectation_id)
+                pipe.pexpire(pending_key(exp.tenant, trace), self.ttl_ms)
+            if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
+                sid = exp.scope.session_id
+                pipe.sadd(session_pending_key(exp.tenant, sid), exp.expectation_id)
+                pipe.pexpire(session_pending_key(exp.tenant, sid), self.ttl_ms)
+            pipe.zadd(DEADLINES, {member(exp.tenant, exp.expectation_id): exp.deadline_ms})
+            await pipe.execute()
+        return True
+
+    async def forget(self, exp: RegisteredExpectation) -> None:
+        """Drop a cancelled or finally decided expectation from the pending indexes."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for trace in exp.trace_ids():
+                pipe.srem(pending_key(exp.tenant, trace), exp.expectation_id)
+            if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
+                pipe.srem(session_pending_key(exp.tenant, exp.scope.session_id), exp.expectation_id)
+            pipe.zrem(DEADLINES, member(exp.tenant, exp.expectation_id))
+            await pipe.execute()
+
+    async def move_to_decided(self, exp: RegisteredExpectation) -> None:
+        """A TRUE/FALSE decision keeps watching its traces only for a broken completion claim."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for trace in exp.trace_ids():
+                pipe.srem(pending_key(exp.tenant, trace), exp.expectation_id)
+                pipe.sadd(decided_key(exp.tenant, trace), exp.expectation_id)
+                pipe.pexpire(decided_key(exp.tenant, trace), self.ttl_ms)
+            if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
+                pipe.srem(session_pending_key(exp.tenant, exp.scope.session_id), exp.expectation_id)
+            pipe.zrem(DEADLINES, member(exp.tenant, exp.expectation_id))
+            await pipe.execute()
+
+    async def load_expectations(self, tenant: str, ids: Sequence[str]) -> dict[str, RegisteredExpectation]:
+        if not ids:
+            return {}
+        raw = await self.redis.mget([expectation_key(tenant, i) for i in ids])
+        return {i: RegisteredExpectation.from_json(r) for i, r in zip(ids, raw, strict=True) if r is not None}
+
+    async def load_states(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], TraceState | None]:
+        if not keys:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, trace in keys:
+                pipe.get(state_key(tenant, trace))
+            raw = await pipe.execute()
+        return {k: (TraceState.from_json(r) if r is not None else None) for k, r in zip(keys, raw, strict=True)}
+
+    async def session_traces(self, tenant: str, session_id: str) -> list[str]:
+        return sorted(_s(x) for x in await self.redis.smembers(session_traces_key(tenant, session_id)))
+
+    async def get_decision(self, tenant: str, expectation_id: str) -> Decision | None:
+        cur = await self.redis.hmget(decision_key(tenant, expectation_id), ["v", "sid", "ev", "ob", "pub", "verdict"])
+        if cur[0] is None:
+            return None
+        return Decision(False, int(cur[0]), _s(cur[1]), _b(cur[2]), _b(cur[3]), _s(cur[4]) == "1", _s(cur[5]))
+
+    async def decide(
+        self, tenant: str, expectation_id: str, version: int, score_id: str, event: bytes, observation: bytes,
+        verdict: str, now_ms: int,
+    ) -> Decision:
+        """Step 2: compare-and-set the decision with its final payload and deterministic score id."""
+        assert self._decide is not None
+        r = await self._decide(
+            keys=[decision_key(tenant, expectation_id), UNPUBLISHED],
+            args=[version, score_id, event, observation, verdict, self.ttl_ms, now_ms, member(tenant, expectation_id)],
+        )
+        return Decision(bool(r[0]), int(r[1]), _s(r[2]), _b(r[3]), _b(r[4]), int(r[5]) == 1, _s(r[6]))
+
+    async def mark_published(self, items: Sequence[tuple[str, str]]) -> None:
+        """Step 4: mark decisions published so the sweeper does not re-send them."""
+        if not items:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, exp_id in items:
+                pipe.hset(decision_key(tenant, exp_id), "pub", 1)
+                pipe.zrem(UNPUBLISHED, member(tenant, exp_id))
+            await pipe.execute()
+
+    async def await_watermark(self, items: Sequence[tuple[str, str, int]]) -> None:
+        """Traces whose completion now depends on the event-time watermark reaching ``at``."""
+        if not items:
+            return
+        await self.redis.zadd(AWAIT_WATERMARK, {member(t, tr): at for t, tr, at in items})
+
+    async def claim_due(self, zset: str, upto: int, limit: int = 500) -> list[tuple[str, str]]:
+        """Claim members due by ``upto``: ZREM returns 1 to exactly one claimer."""
+        due = [cast(bytes, m) for m in await self.redis.zrangebyscore(zset, "-inf", upto, start=0, num=limit)]
+        if not due:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for m in due:
+                pipe.zrem(zset, m)
+            won = await pipe.execute()
+        return [split_member(m) for m, w in zip(due, won, strict=True) if w]
