@@ -62,7 +62,8 @@ def _generate(out: Path) -> None:
             continue
         (out / f.name).write_text(text)
     shutil.rmtree(raw)
-    (out / "__init__.py").write_text('"""Generated from proto/toolwitness/v1 by scripts/gen_proto.py. Do not edit."""\n')
+    header = '"""Generated from proto/toolwitness/v1 by scripts/gen_proto.py. Do not edit."""\n'
+    (out / "__init__.py").write_text(header)
     (out / "py.typed").write_text("")
 
 

@@ -50,6 +50,10 @@ def session_pending_key(tenant: str, session_id: str) -> str:
     return f"tw:{{{tenant}:s:{session_id}}}:p"
 
 
+def session_complete_key(tenant: str, session_id: str) -> str:
+    return f"tw:{{{tenant}:s:{session_id}}}:c"
+
+
 def expectation_key(tenant: str, expectation_id: str) -> str:
     return f"tw:{{{tenant}:e:{expectation_id}}}:def"
 
@@ -272,6 +276,17 @@ class TraceStateStore:
                 pipe.srem(session_pending_key(exp.tenant, exp.scope.session_id), exp.expectation_id)
             pipe.zrem(DEADLINES, member(exp.tenant, exp.expectation_id))
             await pipe.execute()
+
+    async def mark_session_complete(self, tenant: str, session_id: str, at_ms: int) -> list[str]:
+        """Record a session completion marker; return the session's pending expectation ids."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(session_complete_key(tenant, session_id), at_ms, px=self.ttl_ms)
+            pipe.smembers(session_pending_key(tenant, session_id))
+            raw = await pipe.execute()
+        return sorted(_s(x) for x in raw[1])
+
+    async def session_complete(self, tenant: str, session_id: str) -> bool:
+        return bool(await self.redis.exists(session_complete_key(tenant, session_id)))
 
     async def load_expectations(self, tenant: str, ids: Sequence[str]) -> dict[str, RegisteredExpectation]:
         if not ids:

@@ -1,0 +1,1 @@
+"""Exporters: score events, observations and dead letters to Kafka."""

@@ -1,0 +1,119 @@
+"""Kafka exporters: scores (keyed by expectation id), observations (keyed by content id, for a
+compacted topic) and the DLQ (original record + reason headers). One idempotent producer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from collector.config import KafkaConfig
+from collector.exporters.base import ExportError
+from collector.telemetry.metrics import DLQ_RECORDS, EXPORT_FAILURES
+
+log = logging.getLogger("toolwitness.exporter.kafka")
+
+DLQ_PREVIEW_BYTES = 65536
+
+
+def kafka_security_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
+    """aiokafka connection settings from the config; secrets come from the named env vars."""
+    sec = cfg.security
+    kw: dict[str, Any] = {"security_protocol": sec.protocol}
+    if sec.protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=sec.ssl_cafile or None)
+        if sec.ssl_certfile:
+            ctx.load_cert_chain(sec.ssl_certfile, sec.ssl_keyfile or None)
+        kw["ssl_context"] = ctx
+    if sec.protocol.startswith("SASL"):
+        kw["sasl_mechanism"] = sec.sasl_mechanism or "PLAIN"
+        kw["sasl_plain_username"] = os.environ.get(sec.sasl_username_env, "")
+        kw["sasl_plain_password"] = os.environ.get(sec.sasl_password_env, "")
+    return kw
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: Sequence[tuple[str, bytes]]
+    reason: str
+    detail: str
+
+
+class KafkaExporter:
+    """Publishes outputs; ``flush`` awaits every delivery of the current batch or raises ExportError."""
+
+    name = "exporter/kafka"
+
+    def __init__(self, cfg: KafkaConfig) -> None:
+        self.cfg = cfg
+        self._producer: AIOKafkaProducer | None = None
+        self._pending: list[asyncio.Future[Any]] = []
+
+    async def start(self) -> None:
+        if self._producer is not None:
+            return
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.cfg.bootstrap_servers,
+            client_id=f"{self.cfg.client_id}-exporter",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+            max_request_size=max(1048576, DLQ_PREVIEW_BYTES * 4),
+            request_timeout_ms=self.cfg.request_timeout_ms,
+            **kafka_security_kwargs(self.cfg),
+        )
+        await asyncio.wait_for(self._producer.start(), timeout=self.cfg.request_timeout_ms / 1000)
+
+    async def shutdown(self) -> None:
+        p, self._producer = self._producer, None
+        if p is not None:
+            await p.stop()
+
+    async def _send(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        if self._producer is None:
+            raise ExportError("exporter not started")
+        fut = await self._producer.send(topic, value=value, key=key, headers=headers or None)
+        self._pending.append(fut)
+
+    async def send_score(self, expectation_id: str, event: bytes) -> None:
+        await self._send(self.cfg.topics.scores, expectation_id.encode(), event, [])
+
+    async def send_observation(self, observation_id: str, observation: bytes) -> None:
+        await self._send(self.cfg.topics.observations, observation_id.encode(), observation, [])
+
+    async def send_dead_letter(self, d: DeadLetter) -> None:
+        value = d.value
+        headers = [h for h in d.headers if not h[0].startswith("toolwitness-dlq-")]
+        headers += [
+            ("toolwitness-dlq-reason", d.reason.encode()),
+            ("toolwitness-dlq-detail", d.detail[:512].encode("utf-8", "replace")),
+            ("toolwitness-dlq-source", f"{d.topic}/{d.partition}/{d.offset}".encode()),
+        ]
+        if len(value) > DLQ_PREVIEW_BYTES:
+            headers.append(("toolwitness-dlq-truncated-from", str(len(value)).encode()))
+            value = value[:DLQ_PREVIEW_BYTES]
+        DLQ_RECORDS.labels(self.name, d.reason).inc()
+        await self._send(self.cfg.topics.dlq, d.key, value, headers)
+
+    async def flush(self) -> None:
+        """Await every delivery since the last flush; raise ExportError on any failure."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            EXPORT_FAILURES.labels(self.name).inc(len(errors))
+            log.error("exporter/kafka: %d of %d deliveries failed: %s", len(errors), len(results), errors[0])
+            raise ExportError(f"{len(errors)} deliveries failed: {errors[0]}")

@@ -1,0 +1,214 @@
+"""The one commit path of the service: what happens to each consumed batch, in order.
+
+``Checkpoint.process(batch)`` runs, for one batch of records from the spans and
+control topics:
+
+1. **Apply state.** Decode records (bad ones become dead letters with a reason),
+   apply span facts to Redis (one pipeline of EVALSHA calls, idempotent by span
+   id), register expectations, record completion markers and cancellations.
+2. **Decide.** Evaluate every expectation the batch touched; compare-and-set each
+   decidable result in Redis with its final payload and deterministic score id.
+3. **Produce.** Send scores, observations and dead letters (idempotent producer)
+   and await every delivery.
+4. **Mark published.** Flag the decisions as published in Redis.
+5. **Commit offsets** of the batch.
+
+A crash between any two steps replays the batch from the last committed offset:
+after 1, re-applying spans is a no-op; after 2, the stored decision wins the
+compare-and-set again and its identical payload is sent (same score_id); after 3,
+the events are re-sent identically (consumers deduplicate by score_id) — the
+sweeper also re-sends decided-but-unpublished scores without waiting for a replay;
+after 4, only the offsets are replayed and nothing is re-sent. A produce failure
+raises ExportError before step 5, so the batch is retried, never skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import ConsumerRecord, TopicPartition
+
+from collector.config import ServiceConfig
+from collector.exporters.kafka import DeadLetter, KafkaExporter
+from collector.pipeline.engine import Engine, Work
+from collector.processors.completion import WatermarkTracker
+from collector.processors.normalize import rejected_fact, span_fact
+from collector.processors.trace_state import TraceStateStore
+from collector.receivers.decode import RecordDecodeError, decode_span_record
+from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
+from collector.wire.convert import ControlDecodeError, check_marker, decode_control, expectation_from_proto, now_ms
+
+log = logging.getLogger("toolwitness.checkpoint")
+
+Batch = Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
+
+
+@dataclass(slots=True)
+class BatchResult:
+    records: int = 0
+    spans: int = 0
+    dead_letters: int = 0
+    published: int = 0
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+def _headers(rec: ConsumerRecord[bytes, bytes]) -> list[tuple[str, bytes]]:
+    return [(k, v) for k, v in (rec.headers or ())]
+
+
+class Checkpoint:
+    name = "pipeline/checkpoint"
+
+    def __init__(
+        self,
+        cfg: ServiceConfig,
+        store: TraceStateStore,
+        engine: Engine,
+        exporter: KafkaExporter,
+        watermarks: WatermarkTracker,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.engine = engine
+        self.exporter = exporter
+        self.watermarks = watermarks
+
+    async def process(self, batch: Batch) -> BatchResult:
+        started = time.perf_counter()
+        res = BatchResult()
+        topics = self.cfg.kafka.topics
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        dead: list[DeadLetter] = []
+        controls: list[tuple[ConsumerRecord[bytes, bytes], Any]] = []
+        wall = now_ms()
+        max_arg = self.cfg.limits.max_argument_bytes
+
+        # 1. decode + apply state -------------------------------------------------------------------
+        for tp, records in batch.items():
+            for rec in records:
+                res.records += 1
+                res.offsets[tp] = rec.offset + 1
+                value = rec.value or b""
+                if tp.topic == topics.control:
+                    RECORDS_IN.labels(self.name, "control").inc()
+                    try:
+                        controls.append((rec, decode_control(value)))
+                    except ControlDecodeError as exc:
+                        dead.append(self._dead(rec, exc.reason, exc.detail))
+                    continue
+                RECORDS_IN.labels(self.name, "spans").inc()
+                try:
+                    decoded = decode_span_record(value, _headers(rec), self.cfg)
+                except RecordDecodeError as exc:
+                    dead.append(self._dead(rec, exc.reason, exc.detail))
+                    continue
+                for tenant, span in decoded.spans:
+                    groups.setdefault((tenant, span.trace_id), []).append(span_fact(span, max_arg))
+                    if span.end_time_unix_nano:
+                        self.watermarks.observe(tp.partition, span.end_time_unix_nano // 1_000_000, wall)
+                res.spans += len(decoded.spans)
+                SPANS_IN.labels(self.name).inc(len(decoded.spans))
+                for i, (tenant, trace, reason, _detail) in enumerate(decoded.rejected):
+                    DROPPED.labels(self.name, reason).inc()
+                    if trace:
+                        placeholder = rejected_fact(f"rejected-{rec.partition}-{rec.offset}-{i}")
+                        groups.setdefault((tenant, trace), []).append(placeholder)
+                if decoded.rejected:
+                    first = decoded.rejected[0]
+                    dead.append(self._dead(rec, first[2], f"{len(decoded.rejected)} span(s) rejected: {first[3]}"))
+
+        watermark = await self.watermarks.global_watermark()
+        work = Work()
+        applied = await self.store.apply(groups, watermark)
+        TRACES_IN_STATE.labels(self.name).set(len(applied))
+        sessions: list[tuple[str, str, str]] = []
+        waits: list[tuple[str, str, int]] = []
+        lateness = self.cfg.completion.allowed_lateness_ms
+        for (tenant, trace), r in applied.items():
+            work.add(tenant, r.pending, "span")
+            if r.decided:
+                work.revisions.update((tenant, d) for d in r.decided)
+            if r.state is not None:
+                work.states[(tenant, trace)] = r.state
+            sessions.extend((tenant, s, trace) for s in r.new_sessions)
+            if r.root_end_ms and self.cfg.completion.mode == "inferred":
+                waits.append((tenant, trace, r.root_end_ms + lateness))
+        for (tenant, _session), ids in (await self.store.index_sessions(sessions)).items():
+            work.add(tenant, ids, "span")
+        # Span batches never carry authority: only control records register or complete.
+        for rec, msg in controls:
+            await self._control(rec, msg, work, waits, dead)
+        await self.store.await_watermark(waits)
+
+        # 2. decide (compare-and-set) + 3. produce ---------------------------------------------------
+        outcomes = await self.engine.evaluate(work, watermark)
+        published = await self.engine.decide_and_send(outcomes)
+        for d in dead:
+            await self.exporter.send_dead_letter(d)
+        res.dead_letters = len(dead)
+        await self.exporter.flush()
+        # 4. mark published
+        await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
+        res.published = len(published)
+        BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
+        # 5. the caller commits res.offsets
+        return res
+
+    async def _control(
+        self,
+        rec: ConsumerRecord[bytes, bytes],
+        msg: Any,
+        work: Work,
+        waits: list[tuple[str, str, int]],
+        dead: list[DeadLetter],
+    ) -> None:
+        kind = msg.WhichOneof("message")
+        default_tenant = self.cfg.tenant.default
+        try:
+            if kind == "expectation":
+                exp = expectation_from_proto(
+                    msg.expectation,
+                    default_tenant=default_tenant,
+                    default_deadline_s=self.cfg.completion.default_deadline_seconds,
+                    now_ms=now_ms(),
+                )
+                if exp.scorer not in self.engine.decider.trees:
+                    raise ControlDecodeError("unknown_scorer", f"scorer tree {exp.scorer!r} is not configured")
+                if await self.store.register(exp):
+                    self.engine.remember(exp)
+                    work.add(exp.tenant, [exp.expectation_id], "expectation")
+            elif kind == "completion":
+                m = msg.completion
+                check_marker(m)
+                tenant = m.tenant or default_tenant
+                at = int(m.at.ToMilliseconds()) if m.HasField("at") else now_ms()
+                count = m.span_count if m.HasField("span_count") else None
+                if m.WhichOneof("target") == "trace_id":
+                    pend, dec, state = await self.store.mark_complete(tenant, m.trace_id, count, at)
+                    work.states[(tenant, m.trace_id)] = state
+                    work.add(tenant, pend, "marker")
+                    work.revisions.update((tenant, d) for d in dec)
+                    if count is None:
+                        waits.append((tenant, m.trace_id, at + self.cfg.completion.allowed_lateness_ms))
+                else:
+                    work.add(tenant, await self.store.mark_session_complete(tenant, m.session_id, at), "marker")
+            elif kind == "cancel":
+                c = msg.cancel
+                tenant = c.tenant or default_tenant
+                exps = await self.store.load_expectations(tenant, [c.expectation_id])
+                if c.expectation_id in exps:
+                    await self.store.forget(exps[c.expectation_id])
+                    self.engine.forget(tenant, c.expectation_id)
+                    work.pending.pop((tenant, c.expectation_id), None)
+        except ControlDecodeError as exc:
+            dead.append(self._dead(rec, exc.reason, exc.detail))
+
+    def _dead(self, rec: ConsumerRecord[bytes, bytes], reason: str, detail: str) -> DeadLetter:
+        log.warning("%s: record %s/%d/%d to DLQ: %s (%s)", self.name, rec.topic, rec.partition, rec.offset,
+                    reason, detail[:200])
+        return DeadLetter(rec.topic, rec.partition, rec.offset, rec.key, rec.value or b"", _headers(rec),
+                          reason, detail)

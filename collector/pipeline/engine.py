@@ -1,0 +1,168 @@
+"""The engine: evaluate expectations on trace state, compare-and-set decisions, publish them.
+
+Used by the per-batch checkpoint and by the sweeper; both follow the same order
+(state → decide → produce → mark published), the checkpoint then commits offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from collector.config import ServiceConfig
+from collector.exporters.kafka import KafkaExporter
+from collector.processors.decide import Decider, Outcome
+from collector.processors.trace_state import TraceState, TraceStateStore
+from collector.telemetry.metrics import DECISIONS, RESENT, REVISIONS, TIME_TO_VERDICT
+from collector.wire.convert import RegisteredExpectation, decode_observation, encode
+from scoring.models import SessionScorable, Verdict
+
+log = logging.getLogger("toolwitness.engine")
+
+Key = tuple[str, str]  # (tenant, expectation id)
+
+
+@dataclass(slots=True)
+class Work:
+    """What one batch (or sweep) asks the engine to evaluate."""
+
+    pending: dict[Key, str] = field(default_factory=dict)  # key -> trigger
+    revisions: set[Key] = field(default_factory=set)
+    final: set[Key] = field(default_factory=set)
+    states: dict[tuple[str, str], TraceState | None] = field(default_factory=dict)
+
+    def add(self, tenant: str, ids: Iterable[str], trigger: str) -> None:
+        for i in ids:
+            self.pending.setdefault((tenant, i), trigger)
+
+
+@dataclass(slots=True)
+class Published:
+    tenant: str
+    expectation_id: str
+    resent: bool
+
+
+class Engine:
+    name = "pipeline/engine"
+
+    def __init__(self, cfg: ServiceConfig, store: TraceStateStore, exporter: KafkaExporter) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.exporter = exporter
+        self.decider = Decider(cfg)
+        self._exp_cache: OrderedDict[Key, RegisteredExpectation] = OrderedDict()
+        self.fmt = cfg.kafka.output_format
+
+    def remember(self, exp: RegisteredExpectation) -> None:
+        self._exp_cache[(exp.tenant, exp.expectation_id)] = exp
+        self._exp_cache.move_to_end((exp.tenant, exp.expectation_id))
+        while len(self._exp_cache) > 100_000:
+            self._exp_cache.popitem(last=False)
+
+    def forget(self, tenant: str, expectation_id: str) -> None:
+        self._exp_cache.pop((tenant, expectation_id), None)
+
+    async def _expectations(self, keys: Iterable[Key]) -> dict[Key, RegisteredExpectation]:
+        out: dict[Key, RegisteredExpectation] = {}
+        missing: dict[str, list[str]] = {}
+        for k in keys:
+            if k in self._exp_cache:
+                out[k] = self._exp_cache[k]
+            else:
+                missing.setdefault(k[0], []).append(k[1])
+        for tenant, ids in missing.items():
+            for i, exp in (await self.store.load_expectations(tenant, ids)).items():
+                self.remember(exp)
+                out[(tenant, i)] = exp
+        return out
+
+    async def _traces_of(self, exp: RegisteredExpectation) -> list[str]:
+        if isinstance(exp.scope, SessionScorable):
+            return await self.store.session_traces(exp.tenant, exp.scope.session_id)
+        return list(exp.trace_ids())
+
+    async def evaluate(self, work: Work, watermark_ms: int) -> list[Outcome]:
+        """Step 2a: judge every expectation in ``work``; return those that are decidable now."""
+        keys = set(work.pending) | work.revisions | work.final
+        exps = await self._expectations(keys)
+        traces: dict[Key, list[str]] = {k: await self._traces_of(e) for k, e in exps.items()}
+        need = {(k[0], t) for k, ts in traces.items() for t in ts} - set(work.states)
+        work.states.update(await self.store.load_states(sorted(need)))
+        now = datetime.now(UTC)
+        now_ms = int(now.timestamp() * 1000)
+        outcomes: list[Outcome] = []
+        for k, exp in exps.items():
+            final = k in work.final or now_ms >= exp.deadline_ms
+            session_complete = False
+            if isinstance(exp.scope, SessionScorable):
+                session_complete = await self.store.session_complete(exp.tenant, exp.scope.session_id)
+            obs = self.decider.observation_for(
+                exp, traces[k], work.states, watermark_ms, session_complete=session_complete
+            )
+            verdict, rationale, meta = await self.decider.judge(exp, obs, final=final)
+            if k in work.revisions:
+                prev = await self.store.get_decision(exp.tenant, exp.expectation_id)
+                if prev is None or prev.verdict != Verdict.FALSE.value or verdict is Verdict.FALSE:
+                    continue
+                meta["revises_version"] = str(prev.version)
+                outcomes.append(self.decider.outcome(exp, obs, verdict, rationale, meta,
+                                                     version=prev.version + 1, trigger="revision", now=now))
+                continue
+            if verdict is Verdict.UNDETERMINED and not final:
+                continue
+            trigger = work.pending.get(k, "deadline" if final else "span")
+            if verdict is Verdict.UNDETERMINED and now_ms >= exp.deadline_ms:
+                trigger = "deadline"
+            outcomes.append(self.decider.outcome(exp, obs, verdict, rationale, meta, version=1, trigger=trigger,
+                                                 now=now))
+        return outcomes
+
+    async def decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:
+        """Steps 2b + 3: compare-and-set each decision, then produce the winning payloads.
+
+        A lost race (another instance or an earlier run decided first) re-sends the
+        stored payload if it is not yet marked published: identical bytes, same score_id.
+        """
+        sent: list[Published] = []
+        now_ms = int(datetime.now(UTC).timestamp() * 1000)
+        for o in outcomes:
+            exp = o.expectation
+            ev = encode(o.event, self.fmt)
+            ob = encode(o.observation, self.fmt)
+            d = await self.store.decide(exp.tenant, exp.expectation_id, o.version, o.score_id, ev, ob,
+                                        o.verdict.value, now_ms)
+            if not d.won and (d.published or d.version > o.version):
+                continue
+            obs_id = o.observation.observation_id if d.won else decode_observation(d.observation).observation_id
+            await self.exporter.send_observation(obs_id, d.observation)
+            await self.exporter.send_score(exp.expectation_id, d.event)
+            sent.append(Published(exp.tenant, exp.expectation_id, resent=not d.won))
+            if d.won:
+                DECISIONS.labels(self.name, o.verdict.value, o.trigger).inc()
+                TIME_TO_VERDICT.labels(self.name, o.verdict.value).observe(
+                    o.event.time_to_verdict.ToTimedelta().total_seconds()
+                )
+                if o.trigger == "revision":
+                    REVISIONS.labels(self.name).inc()
+                if o.verdict is Verdict.UNDETERMINED or o.trigger == "revision":
+                    await self.store.forget(exp)
+                else:
+                    await self.store.move_to_decided(exp)
+            else:
+                RESENT.labels(self.name).inc()
+        return sent
+
+    async def republish(self, tenant: str, expectation_id: str) -> Published | None:
+        """Sweeper: re-send a decided-but-unpublished decision exactly as stored."""
+        d = await self.store.get_decision(tenant, expectation_id)
+        if d is None or d.published:
+            return None
+        await self.exporter.send_observation(decode_observation(d.observation).observation_id, d.observation)
+        await self.exporter.send_score(expectation_id, d.event)
+        RESENT.labels(self.name).inc()
+        return Published(tenant, expectation_id, resent=True)
+

@@ -1,0 +1,226 @@
+"""The service: wires receivers → processors → exporters and runs the poll loop and the sweeper.
+
+Graceful stop (SIGTERM): finish the in-flight batch, commit it, leave the group.
+Rebalances wait for the in-flight batch (under a deadline) before partitions go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from redis.asyncio import Redis
+
+from collector.admin import AdminServer
+from collector.config import ServiceConfig
+from collector.exporters.base import ExportError
+from collector.exporters.kafka import KafkaExporter, kafka_security_kwargs
+from collector.pipeline.checkpoint import Checkpoint
+from collector.pipeline.engine import Engine, Work
+from collector.processors.completion import WatermarkTracker
+from collector.processors.trace_state import AWAIT_WATERMARK, DEADLINES, UNPUBLISHED, TraceStateStore
+from collector.telemetry.metrics import CONSUMER_LAG, EXPORT_FAILURES
+
+log = logging.getLogger("toolwitness.service")
+
+REBALANCE_DEADLINE_S = 20.0
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, service: ToolwitnessService) -> None:
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        # Let the in-flight batch finish and commit before the partitions move.
+        try:
+            async with asyncio.timeout(REBALANCE_DEADLINE_S):
+                async with self.service.batch_lock:
+                    pass
+        except TimeoutError:
+            log.warning("service: in-flight batch still running at rebalance deadline")
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        spans = self.service.cfg.kafka.topics.spans
+        self.service.watermarks.assign({tp.partition for tp in assigned if tp.topic == spans})
+
+
+async def ensure_topics(cfg: ServiceConfig, partitions: int = 4) -> None:
+    """Create the service's topics if missing (observations compacted)."""
+    t = cfg.kafka.topics
+    admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka.bootstrap_servers, **kafka_security_kwargs(cfg.kafka))
+    await asyncio.wait_for(admin.start(), timeout=30)
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(t.spans, partitions, 1),
+            NewTopic(t.control, partitions, 1),
+            NewTopic(t.scores, partitions, 1),
+            NewTopic(t.observations, partitions, 1, topic_configs={"cleanup.policy": "compact"}),
+            NewTopic(t.dlq, 1, 1),
+        ]
+        new = [n for n in wanted if n.name not in existing]
+        if new:
+            with contextlib.suppress(Exception):  # a concurrent creator may win; topics then exist
+                await admin.create_topics(new)
+    finally:
+        await admin.close()
+
+
+class ToolwitnessService:
+    name = "service"
+
+    def __init__(self, cfg: ServiceConfig) -> None:
+        self.cfg = cfg
+        self.instance = cfg.instance or f"{socket.gethostname()}:{os.getpid()}"
+        password = os.environ.get(cfg.redis.password_env) or None
+        self.redis = Redis.from_url(
+            cfg.redis.url,
+            password=password,
+            socket_timeout=cfg.redis.socket_timeout_seconds,
+            socket_connect_timeout=cfg.redis.socket_timeout_seconds,
+            decode_responses=False,
+        )
+        self.store = TraceStateStore(self.redis, cfg)
+        self.exporter = KafkaExporter(cfg.kafka)
+        self.engine = Engine(cfg, self.store, self.exporter)
+        self.watermarks = WatermarkTracker(self.redis, cfg.kafka.topics.spans, cfg.completion)
+        self.checkpoint = Checkpoint(cfg, self.store, self.engine, self.exporter, self.watermarks)
+        self.consumer: AIOKafkaConsumer | None = None
+        self.admin = AdminServer(cfg.admin.host, cfg.admin.port, ready=self.ready, alive=self.alive)
+        self.batch_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._started = False
+        self._last_loop = time.monotonic()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # health
+    def ready(self) -> bool:
+        return self._started and not self._stopping.is_set() and self.consumer is not None
+
+    def alive(self) -> bool:
+        return time.monotonic() - self._last_loop < 60
+
+    async def start(self) -> None:
+        await self.admin.start()
+        await asyncio.wait_for(self.redis.ping(), timeout=10)
+        await self.store.start()
+        await ensure_topics(self.cfg)
+        await self.exporter.start()
+        k = self.cfg.kafka
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=k.bootstrap_servers,
+            group_id=k.group_id,
+            client_id=f"{k.client_id}-{self.instance}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            max_poll_records=k.max_poll_records,
+            fetch_max_bytes=max(52428800, k.max_record_bytes * 2),
+            max_partition_fetch_bytes=max(1048576, k.max_record_bytes + 65536),
+            request_timeout_ms=k.request_timeout_ms,
+            **kafka_security_kwargs(k),
+        )
+        self.consumer.subscribe([k.topics.spans, k.topics.control], listener=_Rebalance(self))
+        await asyncio.wait_for(self.consumer.start(), timeout=60)
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="sweeper")
+        self._started = True
+        log.info("service %s started: consuming %s, %s", self.instance, k.topics.spans, k.topics.control)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Poll → checkpoint → commit until asked to stop."""
+        assert self.consumer is not None
+        consumer = self.consumer
+        while not self._stopping.is_set():
+            self._last_loop = time.monotonic()
+            batch = await consumer.getmany(timeout_ms=self.cfg.kafka.poll_timeout_ms,
+                                           max_records=self.cfg.kafka.max_poll_records)
+            if not batch:
+                await self._publish_watermarks()
+                continue
+            async with self.batch_lock:
+                try:
+                    result = await self.checkpoint.process(batch)
+                except ExportError as exc:
+                    EXPORT_FAILURES.labels(self.name).inc()
+                    log.error("service: batch not committed, retrying from its first offset: %s", exc)
+                    for tp, recs in batch.items():
+                        consumer.seek(tp, recs[0].offset)
+                    await asyncio.sleep(0.5)
+                    continue
+                await consumer.commit(result.offsets)
+            await self._publish_watermarks()
+
+    async def _publish_watermarks(self) -> None:
+        assert self.consumer is not None
+        spans = self.cfg.kafka.topics.spans
+        caught: dict[int, bool] = {}
+        for tp in self.consumer.assignment():
+            if tp.topic != spans:
+                continue
+            hw = self.consumer.highwater(tp)
+            try:
+                pos = await self.consumer.position(tp)
+            except Exception:
+                continue
+            lag = max(0, (hw or 0) - pos)
+            CONSUMER_LAG.labels(self.name, tp.topic, str(tp.partition)).set(lag)
+            caught[tp.partition] = hw is not None and pos >= hw
+        await self.watermarks.publish(caught)
+
+    async def _sweep_loop(self) -> None:
+        interval = self.cfg.completion.sweep_interval_ms / 1000
+        while not self._stopping.is_set():
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("sweeper: sweep failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=interval)
+
+    async def sweep(self) -> int:
+        """Finalize deadlines, watermark completions, and re-send decided-but-unpublished scores."""
+        now = int(time.time() * 1000)
+        watermark = await self.watermarks.global_watermark(now)
+        work = Work()
+        for tenant, ident in await self.store.claim_due(DEADLINES, now):
+            work.final.add((tenant, ident))
+            work.pending[(tenant, ident)] = "deadline"
+        for tenant, trace in await self.store.claim_due(AWAIT_WATERMARK, watermark):
+            pend = await self.store.redis.smembers(f"tw:{{{tenant}:{trace}}}:p")
+            work.add(tenant, [p.decode() if isinstance(p, bytes) else p for p in pend], "watermark")
+        published = []
+        if work.pending or work.final:
+            outcomes = await self.engine.evaluate(work, watermark)
+            published.extend(await self.engine.decide_and_send(outcomes))
+        for tenant, ident in await self.store.claim_due(UNPUBLISHED, now - 2000):
+            p = await self.engine.republish(tenant, ident)
+            if p is not None:
+                published.append(p)
+        if published:
+            await self.exporter.flush()
+            await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
+        return len(published)
+
+    async def shutdown(self) -> None:
+        self._stopping.set()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        async with self.batch_lock:
+            if self.consumer is not None:
+                await self.consumer.stop()  # leaves the group
+                self.consumer = None
+        await self.exporter.shutdown()
+        await self.admin.shutdown()
+        await self.redis.aclose()
+        log.info("service %s stopped", self.instance)
