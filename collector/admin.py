@@ -58,7 +58,8 @@ class AdminServer:
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
             writer.write(
                 f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode() + body
+                "Connection: close\r\n\r\n".encode()
+                + body
             )
             await writer.drain()
         except (TimeoutError, ConnectionError):

@@ -67,6 +67,8 @@ class KafkaConfig(_Section):
 class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6390/0"
     password_env: str = "TOOLWITNESS_REDIS_PASSWORD"
+    #: every key starts with it (lets several deployments or test runs share one Redis).
+    key_prefix: str = Field(default="tw", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     state_ttl_seconds: int = Field(default=86400, ge=1)
     socket_timeout_seconds: float = Field(default=5.0, gt=0)
 
@@ -99,9 +101,7 @@ class LimitsConfig(_Section):
 class ScorerTreeConfig(_Section):
     """A named scorer tree. ``type`` picks the node; wrappers nest ``scorers`` / ``scorer``."""
 
-    type: Literal[
-        "otel_tool_call", "substring", "plagiarism", "composite", "inverter", "threshold", "fallback"
-    ]
+    type: Literal["otel_tool_call", "substring", "plagiarism", "composite", "inverter", "threshold", "fallback"]
     substring: str | None = None
     case_sensitive: bool = False
     reference_text: str | None = None
@@ -185,7 +185,5 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     try:
         return ServiceConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
         raise ConfigError(f"invalid configuration: {problems}") from None

@@ -208,7 +208,9 @@ class Checkpoint:
             dead.append(self._dead(rec, exc.reason, exc.detail))
 
     def _dead(self, rec: ConsumerRecord[bytes, bytes], reason: str, detail: str) -> DeadLetter:
-        log.warning("%s: record %s/%d/%d to DLQ: %s (%s)", self.name, rec.topic, rec.partition, rec.offset,
-                    reason, detail[:200])
-        return DeadLetter(rec.topic, rec.partition, rec.offset, rec.key, rec.value or b"", _headers(rec),
-                          reason, detail)
+        log.warning(
+            "%s: record %s/%d/%d to DLQ: %s (%s)", self.name, rec.topic, rec.partition, rec.offset, reason, detail[:200]
+        )
+        return DeadLetter(
+            rec.topic, rec.partition, rec.offset, rec.key, rec.value or b"", _headers(rec), reason, detail
+        )

@@ -109,16 +109,20 @@ class Engine:
                 if prev is None or prev.verdict != Verdict.FALSE.value or verdict is Verdict.FALSE:
                     continue
                 meta["revises_version"] = str(prev.version)
-                outcomes.append(self.decider.outcome(exp, obs, verdict, rationale, meta,
-                                                     version=prev.version + 1, trigger="revision", now=now))
+                outcomes.append(
+                    self.decider.outcome(
+                        exp, obs, verdict, rationale, meta, version=prev.version + 1, trigger="revision", now=now
+                    )
+                )
                 continue
             if verdict is Verdict.UNDETERMINED and not final:
                 continue
             trigger = work.pending.get(k, "deadline" if final else "span")
             if verdict is Verdict.UNDETERMINED and now_ms >= exp.deadline_ms:
                 trigger = "deadline"
-            outcomes.append(self.decider.outcome(exp, obs, verdict, rationale, meta, version=1, trigger=trigger,
-                                                 now=now))
+            outcomes.append(
+                self.decider.outcome(exp, obs, verdict, rationale, meta, version=1, trigger=trigger, now=now)
+            )
         return outcomes
 
     async def decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:
@@ -133,8 +137,9 @@ class Engine:
             exp = o.expectation
             ev = encode(o.event, self.fmt)
             ob = encode(o.observation, self.fmt)
-            d = await self.store.decide(exp.tenant, exp.expectation_id, o.version, o.score_id, ev, ob,
-                                        o.verdict.value, now_ms)
+            d = await self.store.decide(
+                exp.tenant, exp.expectation_id, o.version, o.score_id, ev, ob, o.verdict.value, now_ms
+            )
             if not d.won and (d.published or d.version > o.version):
                 continue
             obs_id = o.observation.observation_id if d.won else decode_observation(d.observation).observation_id
@@ -165,4 +170,3 @@ class Engine:
         await self.exporter.send_score(expectation_id, d.event)
         RESENT.labels(self.name).inc()
         return Published(tenant, expectation_id, resent=True)
-

@@ -15,7 +15,10 @@ import time
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from collector.admin import AdminServer
 from collector.config import ServiceConfig
@@ -24,12 +27,30 @@ from collector.exporters.kafka import KafkaExporter, kafka_security_kwargs
 from collector.pipeline.checkpoint import Checkpoint
 from collector.pipeline.engine import Engine, Work
 from collector.processors.completion import WatermarkTracker
-from collector.processors.trace_state import AWAIT_WATERMARK, DEADLINES, UNPUBLISHED, TraceStateStore
+from collector.processors.trace_state import TraceStateStore
 from collector.telemetry.metrics import CONSUMER_LAG, EXPORT_FAILURES
 
 log = logging.getLogger("toolwitness.service")
 
 REBALANCE_DEADLINE_S = 20.0
+RETRIABLE = (ExportError, RedisConnectionError, RedisTimeoutError, KafkaError, TimeoutError)
+
+
+class RetryPolicy:
+    """Exponential backoff with a cap, reset after a success."""
+
+    def __init__(self, base_s: float = 0.2, cap_s: float = 10.0) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self._attempt = 0
+
+    def next_delay(self) -> float:
+        delay = float(min(self.cap_s, self.base_s * (2.0**self._attempt)))
+        self._attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self._attempt = 0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -89,11 +110,12 @@ class ToolwitnessService:
         self.store = TraceStateStore(self.redis, cfg)
         self.exporter = KafkaExporter(cfg.kafka)
         self.engine = Engine(cfg, self.store, self.exporter)
-        self.watermarks = WatermarkTracker(self.redis, cfg.kafka.topics.spans, cfg.completion)
+        self.watermarks = WatermarkTracker(self.redis, self.store.k.watermarks(cfg.kafka.topics.spans), cfg.completion)
         self.checkpoint = Checkpoint(cfg, self.store, self.engine, self.exporter, self.watermarks)
         self.consumer: AIOKafkaConsumer | None = None
         self.admin = AdminServer(cfg.admin.host, cfg.admin.port, ready=self.ready, alive=self.alive)
         self.batch_lock = asyncio.Lock()
+        self.retry = RetryPolicy()
         self._stopping = asyncio.Event()
         self._started = False
         self._last_loop = time.monotonic()
@@ -141,21 +163,29 @@ class ToolwitnessService:
         consumer = self.consumer
         while not self._stopping.is_set():
             self._last_loop = time.monotonic()
-            batch = await consumer.getmany(timeout_ms=self.cfg.kafka.poll_timeout_ms,
-                                           max_records=self.cfg.kafka.max_poll_records)
+            batch = await consumer.getmany(
+                timeout_ms=self.cfg.kafka.poll_timeout_ms, max_records=self.cfg.kafka.max_poll_records
+            )
             if not batch:
                 await self._publish_watermarks()
                 continue
             async with self.batch_lock:
                 try:
                     result = await self.checkpoint.process(batch)
-                except ExportError as exc:
+                except RETRIABLE as exc:
                     EXPORT_FAILURES.labels(self.name).inc()
-                    log.error("service: batch not committed, retrying from its first offset: %s", exc)
+                    delay = self.retry.next_delay()
+                    log.error(
+                        "service: batch not committed (%s: %s); retrying from its first offset in %.1fs",
+                        type(exc).__name__,
+                        exc,
+                        delay,
+                    )
                     for tp, recs in batch.items():
                         consumer.seek(tp, recs[0].offset)
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(delay)
                     continue
+                self.retry.reset()
                 await consumer.commit(result.offsets)
             await self._publish_watermarks()
 
@@ -191,17 +221,16 @@ class ToolwitnessService:
         now = int(time.time() * 1000)
         watermark = await self.watermarks.global_watermark(now)
         work = Work()
-        for tenant, ident in await self.store.claim_due(DEADLINES, now):
+        for tenant, ident in await self.store.claim_due(self.store.k.deadlines, now):
             work.final.add((tenant, ident))
             work.pending[(tenant, ident)] = "deadline"
-        for tenant, trace in await self.store.claim_due(AWAIT_WATERMARK, watermark):
-            pend = await self.store.redis.smembers(f"tw:{{{tenant}:{trace}}}:p")
-            work.add(tenant, [p.decode() if isinstance(p, bytes) else p for p in pend], "watermark")
+        for tenant, trace in await self.store.claim_due(self.store.k.await_watermark, watermark):
+            work.add(tenant, await self.store.trace_pending(tenant, trace), "watermark")
         published = []
         if work.pending or work.final:
             outcomes = await self.engine.evaluate(work, watermark)
             published.extend(await self.engine.decide_and_send(outcomes))
-        for tenant, ident in await self.store.claim_due(UNPUBLISHED, now - 2000):
+        for tenant, ident in await self.store.claim_due(self.store.k.unpublished, now - 2000):
             p = await self.engine.republish(tenant, ident)
             if p is not None:
                 published.append(p)

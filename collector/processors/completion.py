@@ -17,16 +17,12 @@ from collector.config import CompletionConfig
 from collector.telemetry.metrics import WATERMARK
 
 
-def watermark_key(topic: str) -> str:
-    return f"tw:wm:{topic}"
-
-
 class WatermarkTracker:
     name = "processor/completion"
 
-    def __init__(self, redis: Redis, topic: str, cfg: CompletionConfig) -> None:
+    def __init__(self, redis: Redis, key: str, cfg: CompletionConfig) -> None:
         self.redis = redis
-        self.topic = topic
+        self.key = key
         self.cfg = cfg
         self._max_event: dict[int, int] = {}
         self._last_active: dict[int, int] = {}
@@ -49,12 +45,12 @@ class WatermarkTracker:
         for p in self._assigned:
             wm = self._max_event.get(p, 0) - self.cfg.max_out_of_orderness_ms if p in self._max_event else 0
             mapping[str(p)] = json.dumps([wm, self._last_active.get(p, 0), 1 if caught_up.get(p, False) else 0, now])
-        await self.redis.hset(watermark_key(self.topic), mapping=mapping)  # type: ignore[arg-type]
+        await self.redis.hset(self.key, mapping=mapping)  # type: ignore[arg-type]
 
     async def global_watermark(self, now_ms: int | None = None) -> int:
         """Min over partitions, excluding idle caught-up ones; 0 when nothing is known."""
         now = now_ms if now_ms is not None else int(time.time() * 1000)
-        raw = await self.redis.hgetall(watermark_key(self.topic))
+        raw = await self.redis.hgetall(self.key)
         active: list[int] = []
         idle: list[int] = []
         for v in raw.values():

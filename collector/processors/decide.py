@@ -80,8 +80,9 @@ def build_tree(cfg: ScorerTreeConfig, path: str = "scorers") -> Scorer:
     if cfg.type == "otel_tool_call":
         return OtelToolCallScorer(source=ReplayOnlySource(), categories=cats)
     if cfg.type == "substring":
-        return SubStringScorer(substring=need(cfg.substring, "substring"), case_sensitive=cfg.case_sensitive,
-                               categories=cats)
+        return SubStringScorer(
+            substring=need(cfg.substring, "substring"), case_sensitive=cfg.case_sensitive, categories=cats
+        )
     if cfg.type == "plagiarism":
         return PlagiarismScorer(reference_text=need(cfg.reference_text, "reference_text"), categories=cats)
     if cfg.type == "composite":
@@ -215,12 +216,19 @@ class Decider:
             reasons.add(AWAITING_COMPLETION)
         if lost:
             reasons.add(STATE_LOST)
-        coverage = Coverage.incomplete(*reasons) if reasons else Coverage.completed(
-            CompletionSource.MARKER if CompletionSource.MARKER in sources else CompletionSource.WATERMARK
+        coverage = (
+            Coverage.incomplete(*reasons)
+            if reasons
+            else Coverage.completed(
+                CompletionSource.MARKER if CompletionSource.MARKER in sources else CompletionSource.WATERMARK
+            )
         )
         acquisition = (
-            Acquisition.UNAVAILABLE if lost and not executions
-            else Acquisition.COMPLETE if coverage.complete else Acquisition.PARTIAL
+            Acquisition.UNAVAILABLE
+            if lost and not executions
+            else Acquisition.COMPLETE
+            if coverage.complete
+            else Acquisition.PARTIAL
         )
         scope = exp.scope
         if isinstance(scope, MessageScorable | TraceScorable):

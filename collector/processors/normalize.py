@@ -25,8 +25,15 @@ def span_fact(span: NeutralSpan, max_argument_bytes: int) -> dict[str, Any]:
             args = args.encode()[:max_argument_bytes].decode("utf-8", "ignore")
             state = CaptureState.TRUNCATED
         x = [
-            e.span_id, e.name, e.status, str(e.start_time_unix_nano), str(e.end_time_unix_nano),
-            state.value, args or "", e.call_id or "", e.convention,
+            e.span_id,
+            e.name,
+            e.status,
+            str(e.start_time_unix_nano),
+            str(e.end_time_unix_nano),
+            state.value,
+            args or "",
+            e.call_id or "",
+            e.convention,
         ]
     end_ms = (span.end_time_unix_nano or 0) // 1_000_000
     return {

@@ -30,41 +30,41 @@ def _lua(name: str) -> str:
     return resources.files("collector.processors").joinpath("lua", name).read_text()
 
 
-def state_key(tenant: str, trace_id: str) -> str:
-    return f"tw:{{{tenant}:{trace_id}}}:s"
+class Keys:
+    """Redis key names under one prefix (default ``tw``), hash-tagged per tenant and trace."""
 
+    def __init__(self, prefix: str = "tw") -> None:
+        self.p = prefix
+        self.deadlines = f"{prefix}:deadlines"
+        self.await_watermark = f"{prefix}:await_wm"
+        self.unpublished = f"{prefix}:unpub"
 
-def pending_key(tenant: str, trace_id: str) -> str:
-    return f"tw:{{{tenant}:{trace_id}}}:p"
+    def state(self, tenant: str, trace_id: str) -> str:
+        return f"{self.p}:{{{tenant}:{trace_id}}}:s"
 
+    def pending(self, tenant: str, trace_id: str) -> str:
+        return f"{self.p}:{{{tenant}:{trace_id}}}:p"
 
-def decided_key(tenant: str, trace_id: str) -> str:
-    return f"tw:{{{tenant}:{trace_id}}}:d"
+    def decided(self, tenant: str, trace_id: str) -> str:
+        return f"{self.p}:{{{tenant}:{trace_id}}}:d"
 
+    def session_traces(self, tenant: str, session_id: str) -> str:
+        return f"{self.p}:{{{tenant}:s:{session_id}}}:t"
 
-def session_traces_key(tenant: str, session_id: str) -> str:
-    return f"tw:{{{tenant}:s:{session_id}}}:t"
+    def session_pending(self, tenant: str, session_id: str) -> str:
+        return f"{self.p}:{{{tenant}:s:{session_id}}}:p"
 
+    def session_complete(self, tenant: str, session_id: str) -> str:
+        return f"{self.p}:{{{tenant}:s:{session_id}}}:c"
 
-def session_pending_key(tenant: str, session_id: str) -> str:
-    return f"tw:{{{tenant}:s:{session_id}}}:p"
+    def expectation(self, tenant: str, expectation_id: str) -> str:
+        return f"{self.p}:{{{tenant}:e:{expectation_id}}}:def"
 
+    def decision(self, tenant: str, expectation_id: str) -> str:
+        return f"{self.p}:{{{tenant}:e:{expectation_id}}}:dec"
 
-def session_complete_key(tenant: str, session_id: str) -> str:
-    return f"tw:{{{tenant}:s:{session_id}}}:c"
-
-
-def expectation_key(tenant: str, expectation_id: str) -> str:
-    return f"tw:{{{tenant}:e:{expectation_id}}}:def"
-
-
-def decision_key(tenant: str, expectation_id: str) -> str:
-    return f"tw:{{{tenant}:e:{expectation_id}}}:dec"
-
-
-DEADLINES = "tw:deadlines"
-AWAIT_WATERMARK = "tw:await_wm"
-UNPUBLISHED = "tw:unpub"
+    def watermarks(self, topic: str) -> str:
+        return f"{self.p}:wm:{topic}"
 
 
 def member(tenant: str, ident: str) -> str:
@@ -154,6 +154,7 @@ class TraceStateStore:
         self.redis = redis
         self.cfg = config
         self.ttl_ms = config.redis.state_ttl_seconds * 1000
+        self.k = Keys(config.redis.key_prefix)
         self._apply: AsyncScript | None = None
         self._mark: AsyncScript | None = None
         self._decide: AsyncScript | None = None
@@ -182,7 +183,7 @@ class TraceStateStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, trace in keys:
                 await self._apply(
-                    keys=[state_key(tenant, trace), pending_key(tenant, trace), decided_key(tenant, trace)],
+                    keys=[self.k.state(tenant, trace), self.k.pending(tenant, trace), self.k.decided(tenant, trace)],
                     args=[
                         self.ttl_ms,
                         json.dumps(groups[(tenant, trace)], separators=(",", ":")),
@@ -217,9 +218,9 @@ class TraceStateStore:
             return {}
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, session, trace in items:
-                pipe.sadd(session_traces_key(tenant, session), trace)
-                pipe.pexpire(session_traces_key(tenant, session), self.ttl_ms)
-                pipe.smembers(session_pending_key(tenant, session))
+                pipe.sadd(self.k.session_traces(tenant, session), trace)
+                pipe.pexpire(self.k.session_traces(tenant, session), self.ttl_ms)
+                pipe.smembers(self.k.session_pending(tenant, session))
             raw = await pipe.execute()
         out: dict[tuple[str, str], list[str]] = {}
         for i, (tenant, session, _) in enumerate(items):
@@ -231,7 +232,7 @@ class TraceStateStore:
     ) -> tuple[list[str], list[str], TraceState]:
         assert self._mark is not None
         raw = await self._mark(
-            keys=[state_key(tenant, trace_id), pending_key(tenant, trace_id), decided_key(tenant, trace_id)],
+            keys=[self.k.state(tenant, trace_id), self.k.pending(tenant, trace_id), self.k.decided(tenant, trace_id)],
             args=[self.ttl_ms, -1 if span_count is None else span_count, at_ms],
         )
         d = json.loads(raw)
@@ -240,18 +241,20 @@ class TraceStateStore:
     async def register(self, exp: RegisteredExpectation) -> bool:
         """Store an expectation and index it under its traces/session. False if already known."""
         ttl = max(self.ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)
-        created = await self.redis.set(expectation_key(exp.tenant, exp.expectation_id), exp.to_json(), px=ttl, nx=True)
+        created = await self.redis.set(
+            self.k.expectation(exp.tenant, exp.expectation_id), exp.to_json(), px=ttl, nx=True
+        )
         if not created:
             return False
         async with self.redis.pipeline(transaction=False) as pipe:
             for trace in exp.trace_ids():
-                pipe.sadd(pending_key(exp.tenant, trace), exp.expectation_id)
-                pipe.pexpire(pending_key(exp.tenant, trace), self.ttl_ms)
+                pipe.sadd(self.k.pending(exp.tenant, trace), exp.expectation_id)
+                pipe.pexpire(self.k.pending(exp.tenant, trace), self.ttl_ms)
             if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
                 sid = exp.scope.session_id
-                pipe.sadd(session_pending_key(exp.tenant, sid), exp.expectation_id)
-                pipe.pexpire(session_pending_key(exp.tenant, sid), self.ttl_ms)
-            pipe.zadd(DEADLINES, {member(exp.tenant, exp.expectation_id): exp.deadline_ms})
+                pipe.sadd(self.k.session_pending(exp.tenant, sid), exp.expectation_id)
+                pipe.pexpire(self.k.session_pending(exp.tenant, sid), self.ttl_ms)
+            pipe.zadd(self.k.deadlines, {member(exp.tenant, exp.expectation_id): exp.deadline_ms})
             await pipe.execute()
         return True
 
@@ -259,39 +262,39 @@ class TraceStateStore:
         """Drop a cancelled or finally decided expectation from the pending indexes."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for trace in exp.trace_ids():
-                pipe.srem(pending_key(exp.tenant, trace), exp.expectation_id)
+                pipe.srem(self.k.pending(exp.tenant, trace), exp.expectation_id)
             if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-                pipe.srem(session_pending_key(exp.tenant, exp.scope.session_id), exp.expectation_id)
-            pipe.zrem(DEADLINES, member(exp.tenant, exp.expectation_id))
+                pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
+            pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
             await pipe.execute()
 
     async def move_to_decided(self, exp: RegisteredExpectation) -> None:
         """A TRUE/FALSE decision keeps watching its traces only for a broken completion claim."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for trace in exp.trace_ids():
-                pipe.srem(pending_key(exp.tenant, trace), exp.expectation_id)
-                pipe.sadd(decided_key(exp.tenant, trace), exp.expectation_id)
-                pipe.pexpire(decided_key(exp.tenant, trace), self.ttl_ms)
+                pipe.srem(self.k.pending(exp.tenant, trace), exp.expectation_id)
+                pipe.sadd(self.k.decided(exp.tenant, trace), exp.expectation_id)
+                pipe.pexpire(self.k.decided(exp.tenant, trace), self.ttl_ms)
             if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-                pipe.srem(session_pending_key(exp.tenant, exp.scope.session_id), exp.expectation_id)
-            pipe.zrem(DEADLINES, member(exp.tenant, exp.expectation_id))
+                pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
+            pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
             await pipe.execute()
 
     async def mark_session_complete(self, tenant: str, session_id: str, at_ms: int) -> list[str]:
         """Record a session completion marker; return the session's pending expectation ids."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(session_complete_key(tenant, session_id), at_ms, px=self.ttl_ms)
-            pipe.smembers(session_pending_key(tenant, session_id))
+            pipe.set(self.k.session_complete(tenant, session_id), at_ms, px=self.ttl_ms)
+            pipe.smembers(self.k.session_pending(tenant, session_id))
             raw = await pipe.execute()
         return sorted(_s(x) for x in raw[1])
 
     async def session_complete(self, tenant: str, session_id: str) -> bool:
-        return bool(await self.redis.exists(session_complete_key(tenant, session_id)))
+        return bool(await self.redis.exists(self.k.session_complete(tenant, session_id)))
 
     async def load_expectations(self, tenant: str, ids: Sequence[str]) -> dict[str, RegisteredExpectation]:
         if not ids:
             return {}
-        raw = await self.redis.mget([expectation_key(tenant, i) for i in ids])
+        raw = await self.redis.mget([self.k.expectation(tenant, i) for i in ids])
         return {i: RegisteredExpectation.from_json(r) for i, r in zip(ids, raw, strict=True) if r is not None}
 
     async def load_states(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], TraceState | None]:
@@ -299,27 +302,36 @@ class TraceStateStore:
             return {}
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, trace in keys:
-                pipe.get(state_key(tenant, trace))
+                pipe.get(self.k.state(tenant, trace))
             raw = await pipe.execute()
         return {k: (TraceState.from_json(r) if r is not None else None) for k, r in zip(keys, raw, strict=True)}
 
     async def session_traces(self, tenant: str, session_id: str) -> list[str]:
-        return sorted(_s(x) for x in await self.redis.smembers(session_traces_key(tenant, session_id)))
+        return sorted(_s(x) for x in await self.redis.smembers(self.k.session_traces(tenant, session_id)))
 
     async def get_decision(self, tenant: str, expectation_id: str) -> Decision | None:
-        cur = await self.redis.hmget(decision_key(tenant, expectation_id), ["v", "sid", "ev", "ob", "pub", "verdict"])
+        cur = await self.redis.hmget(
+            self.k.decision(tenant, expectation_id), ["v", "sid", "ev", "ob", "pub", "verdict"]
+        )
         if cur[0] is None:
             return None
         return Decision(False, int(cur[0]), _s(cur[1]), _b(cur[2]), _b(cur[3]), _s(cur[4]) == "1", _s(cur[5]))
 
     async def decide(
-        self, tenant: str, expectation_id: str, version: int, score_id: str, event: bytes, observation: bytes,
-        verdict: str, now_ms: int,
+        self,
+        tenant: str,
+        expectation_id: str,
+        version: int,
+        score_id: str,
+        event: bytes,
+        observation: bytes,
+        verdict: str,
+        now_ms: int,
     ) -> Decision:
         """Step 2: compare-and-set the decision with its final payload and deterministic score id."""
         assert self._decide is not None
         r = await self._decide(
-            keys=[decision_key(tenant, expectation_id), UNPUBLISHED],
+            keys=[self.k.decision(tenant, expectation_id), self.k.unpublished],
             args=[version, score_id, event, observation, verdict, self.ttl_ms, now_ms, member(tenant, expectation_id)],
         )
         return Decision(bool(r[0]), int(r[1]), _s(r[2]), _b(r[3]), _b(r[4]), int(r[5]) == 1, _s(r[6]))
@@ -330,15 +342,18 @@ class TraceStateStore:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, exp_id in items:
-                pipe.hset(decision_key(tenant, exp_id), "pub", 1)
-                pipe.zrem(UNPUBLISHED, member(tenant, exp_id))
+                pipe.hset(self.k.decision(tenant, exp_id), "pub", 1)
+                pipe.zrem(self.k.unpublished, member(tenant, exp_id))
             await pipe.execute()
 
     async def await_watermark(self, items: Sequence[tuple[str, str, int]]) -> None:
         """Traces whose completion now depends on the event-time watermark reaching ``at``."""
         if not items:
             return
-        await self.redis.zadd(AWAIT_WATERMARK, {member(t, tr): at for t, tr, at in items})
+        await self.redis.zadd(self.k.await_watermark, {member(t, tr): at for t, tr, at in items})
+
+    async def trace_pending(self, tenant: str, trace_id: str) -> list[str]:
+        return sorted(_s(x) for x in await self.redis.smembers(self.k.pending(tenant, trace_id)))
 
     async def claim_due(self, zset: str, upto: int, limit: int = 500) -> list[tuple[str, str]]:
         """Claim members due by ``upto``: ZREM returns 1 to exactly one claimer."""

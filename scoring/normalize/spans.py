@@ -233,7 +233,9 @@ def from_otlp_span(span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] 
         raise SpanDecodeError(f"parent_span_id must be 8 bytes, got {len(span.parent_span_id)} bytes")
     flags = span.flags
     code = span.status.code  # 0 unset, 1 ok, 2 error
-    sampled = not (flags & _FLAG_HAS_IS_REMOTE and not flags & _FLAG_SAMPLED)
+    # Bits 0-7 carry the W3C trace flags when the exporter fills them (many leave them 0):
+    # only a filled-in byte with the sampled bit clear says "unsampled".
+    sampled = not (flags & 0xFF and not flags & _FLAG_SAMPLED)
     return NeutralSpan(
         trace_id=span.trace_id.hex(),
         span_id=span.span_id.hex(),

@@ -1,0 +1,171 @@
+"""The streaming service end to end on real Kafka and Redis (issue 4 acceptance 1–3).
+
+Everything is asserted on what a downstream consumer reads from the scores and
+observations topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import timedelta
+
+import pytest
+from opentelemetry.context import Context
+
+from collector.config import ScorerTreeConfig
+from scoring.models import MessageScorable, ScoreStatus, TraceScorable
+from scoring.score import OtelToolCallScorer
+from scoring.score.observation import InMemoryTraceClient, OtelTraceSource
+from tests.integration.harness import (
+    control_client,
+    expects,
+    make_agent,
+    make_config,
+    running_service,
+    settled,
+    verdict,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def test_seed_000_through_the_stream(kafka_bootstrap: str, redis_url: str) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    agent = make_agent(cfg)
+    async with running_service(cfg) as service, control_client(cfg) as tw:
+        with agent.tracer.start_as_current_span("agent", context=Context()) as root:
+            agent.tool("my_tool_call")
+            trace_id = f"{root.get_span_context().trace_id:032x}"
+        scope = TraceScorable(trace_ids=(trace_id,))
+
+        # TRUE for my_tool_call arrives before any completion marker.
+        pos_id = await tw.expect(scope, expects("my_tool_call"))
+        positive = await tw.wait_for(pos_id, timeout=30)
+        assert verdict(positive) == "true"
+        assert not positive.coverage.complete
+
+        # summarize: no score until the marker with its span count, then FALSE.
+        neg_id = await tw.expect(scope, expects("summarize"))
+        await settled(service, "default", neg_id)
+        assert tw.events(neg_id) == []
+        await tw.mark_complete(trace_id, span_count=agent.counter.count(trace_id))
+        negative = await tw.wait_for(neg_id, timeout=30)
+        assert verdict(negative) == "false"
+        assert negative.coverage.complete
+        assert negative.version == 1 and negative.trigger == "marker"
+
+        # A never-completed trace gets UNDETERMINED at its deadline.
+        with agent.tracer.start_as_current_span("agent", context=Context()) as root2:
+            agent.tool("other_tool")
+            open_trace = f"{root2.get_span_context().trace_id:032x}"
+        und_id = await tw.expect(TraceScorable(trace_ids=(open_trace,)), expects("summarize"),
+                                 deadline=timedelta(seconds=2))
+        undetermined = await tw.wait_for(und_id, timeout=30)
+        assert verdict(undetermined) == "undetermined"
+        assert undetermined.trigger == "deadline"
+        assert "awaiting_completion" in undetermined.coverage.reasons
+
+        # Every score names an observation found on the observations topic.
+        observations = {}
+        for ev in (positive, negative, undetermined):
+            assert len(ev.observation_ids) == 1
+            obs = await tw.get_observation(ev.observation_ids[0], timeout=30)
+            assert obs.observation_id == ev.observation_ids[0]
+            observations[ev.expectation_id] = obs
+    agent.close()
+
+    # Replay with the scoring library against another expectation, with no network at all.
+    saved = observations[neg_id]
+    before = saved.model_dump_json()
+    closed = InMemoryTraceClient()
+    closed.close()
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=closed))
+    real_socket = socket.socket
+
+    def no_network(*args: object, **kwargs: object) -> socket.socket:
+        raise AssertionError("replay must not open a socket")
+
+    socket.socket = no_network  # type: ignore[assignment,misc]
+    try:
+        replay_tool = (await scorer.score_observation_async(observation=saved, expectation=expects("my_tool_call")))[0]
+        replay_missing = (await scorer.score_observation_async(observation=saved, expectation=expects("summarize")))[0]
+        replay_open = (
+            await scorer.score_observation_async(observation=observations[und_id], expectation=expects("summarize"))
+        )[0]
+    finally:
+        socket.socket = real_socket  # type: ignore[misc]
+    assert replay_tool.get_value() is True
+    assert replay_missing.get_value() is False
+    assert replay_open.status is ScoreStatus.UNDETERMINED
+    assert saved.model_dump_json() == before
+
+
+async def test_message_scope_and_substring_composite(kafka_bootstrap: str, redis_url: str) -> None:
+    trees = {
+        "tools": ScorerTreeConfig(type="otel_tool_call"),
+        "done_and_tool": ScorerTreeConfig(
+            type="composite", aggregator="and",
+            scorers=(ScorerTreeConfig(type="substring", substring="done"), ScorerTreeConfig(type="otel_tool_call")),
+        ),
+    }
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=trees)
+    agent = make_agent(cfg)
+    async with running_service(cfg), control_client(cfg) as tw:
+        with agent.tracer.start_as_current_span("agent", context=Context()) as root:
+            agent.tool("my_tool_call")
+            trace_id = f"{root.get_span_context().trace_id:032x}"
+        scope = MessageScorable(message_id="m1", conversation_id="c1", trace_ids=(trace_id,), response_text="done")
+        eid = await tw.expect(scope, expects("my_tool_call"), scorer="done_and_tool")
+        ev = await tw.wait_for(eid, timeout=30)
+        assert verdict(ev) == "true"
+        assert ev.scorer == "done_and_tool" and len(ev.scorer_identity) == 64
+        # The same tree on a response without "done" is FALSE once the text says so.
+        scope2 = MessageScorable(message_id="m2", conversation_id="c1", trace_ids=(trace_id,), response_text="nope")
+        eid2 = await tw.expect(scope2, expects("my_tool_call"), scorer="done_and_tool")
+        assert verdict(await tw.wait_for(eid2, timeout=30)) == "false"
+    agent.close()
+
+
+async def test_marker_before_spans_never_gives_early_false(kafka_bootstrap: str, redis_url: str) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    agent = make_agent(cfg)
+    async with running_service(cfg) as service, control_client(cfg) as tw:
+        tracer = agent.tracer
+        root = tracer.start_span("agent", context=Context())
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+        # The producer claims 3 spans before any of them is exported.
+        await tw.mark_complete(trace_id, span_count=3)
+        eid = await tw.expect(TraceScorable(trace_ids=(trace_id,)), expects("summarize"))
+        await settled(service, "default", eid)
+        assert tw.events(eid) == []
+        from opentelemetry import trace as trace_api
+
+        ctx = trace_api.set_span_in_context(root)
+        with tracer.start_as_current_span("step1", context=ctx, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}):
+            pass
+        await asyncio.wait_for(_wait_spans(service, trace_id, 1), timeout=30)
+        await settled(service, "default", eid)
+        assert tw.events(eid) == [], "one of three spans seen: absence is not provable yet"
+        with tracer.start_as_current_span("step2", context=ctx):
+            pass
+        await asyncio.wait_for(_wait_spans(service, trace_id, 2), timeout=30)
+        await settled(service, "default", eid)
+        assert tw.events(eid) == []
+        root.end()
+        ev = await tw.wait_for(eid, timeout=30)
+        assert verdict(ev) == "false"
+        assert ev.coverage.complete
+    agent.close()
+
+
+async def _wait_spans(service: object, trace_id: str, n: int) -> None:
+    from collector.processors.trace_state import TraceState
+
+    store = service.store  # type: ignore[attr-defined]
+    while True:
+        raw = await store.redis.get(store.k.state("default", trace_id))
+        if raw is not None and TraceState.from_json(raw).span_count >= n:
+            return
+        await asyncio.sleep(0.05)
