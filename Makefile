@@ -48,3 +48,8 @@ test: install ## THE test command: lint, start services, all tests, stop service
 	$(MAKE) lint
 	$(PY) scripts/services.py up
 	set -o pipefail; rc=0; $(VENV)/bin/pytest tests || rc=$$?; $(PY) scripts/services.py down; exit $$rc
+
+.PHONY: demo
+demo: install ## THE demo: local Kafka + Redis, the service, a sample agent; prints each score
+	$(PY) scripts/services.py up
+	$(VENV)/bin/toolwitness demo
