@@ -1,0 +1,63 @@
+"""Service configuration: every key validated, errors name the key, env overrides apply."""
+
+from pathlib import Path
+
+import pytest
+
+from collector.config import ConfigError, load_config
+from collector.processors.decide import Decider
+
+
+def test_defaults_load_and_build_trees() -> None:
+    cfg = load_config(None, env={})
+    assert cfg.kafka.topics.spans == "otlp_spans"
+    assert cfg.admin.port == 8888
+    assert set(Decider(cfg).trees) == {"tools"}
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("kafka:\n  bootstrap_server: x:1\n")
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap_server"):
+        load_config(p, env={})
+
+
+def test_bad_value_is_named(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("completion:\n  mode: eventually\nredis:\n  url: http://x\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p, env={})
+    assert "completion.mode" in str(err.value) and "redis.url" in str(err.value)
+
+
+def test_env_overrides(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("kafka:\n  bootstrap_servers: a:1\n")
+    cfg = load_config(
+        p,
+        env={
+            "TOOLWITNESS_KAFKA__BOOTSTRAP_SERVERS": "b:2",
+            "TOOLWITNESS_COMPLETION__ALLOWED_LATENESS_MS": "5",
+            "TOOLWITNESS_REDIS_URL": "redis://r:1/0",
+            "UNRELATED": "x",
+        },
+    )
+    assert cfg.kafka.bootstrap_servers == "b:2"
+    assert cfg.completion.allowed_lateness_ms == 5
+    assert cfg.redis.url == "redis://r:1/0"
+
+
+def test_scorer_tree_errors_name_the_path(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "scorers:\n  t:\n    type: threshold\n    scorer: {type: substring, substring: x}\n    threshold: 0.5\n"
+    )
+    with pytest.raises(ValueError, match=r"scorers\.t: threshold needs a float-scale scorer"):
+        Decider(load_config(p, env={}))
+
+
+def test_not_a_mapping(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(p, env={})
