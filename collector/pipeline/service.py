@@ -217,26 +217,40 @@ class ToolwitnessService:
                 await asyncio.wait_for(self._stopping.wait(), timeout=interval)
 
     async def sweep(self) -> int:
-        """Finalize deadlines, watermark completions, and re-send decided-but-unpublished scores."""
+        """Finalize deadlines, watermark completions, and re-send decided-but-unpublished scores.
+
+        Work is claimed with ZREM (exactly one instance wins each item); if handling it
+        fails, the claims are put back so a later sweep (here or elsewhere) retries them.
+        """
         now = int(time.time() * 1000)
+        k = self.store.k
         watermark = await self.watermarks.global_watermark(now)
-        work = Work()
-        for tenant, ident in await self.store.claim_due(self.store.k.deadlines, now):
-            work.final.add((tenant, ident))
-            work.pending[(tenant, ident)] = "deadline"
-        for tenant, trace in await self.store.claim_due(self.store.k.await_watermark, watermark):
-            work.add(tenant, await self.store.trace_pending(tenant, trace), "watermark")
-        published = []
-        if work.pending or work.final:
-            outcomes = await self.engine.evaluate(work, watermark)
-            published.extend(await self.engine.decide_and_send(outcomes))
-        for tenant, ident in await self.store.claim_due(self.store.k.unpublished, now - 2000):
-            p = await self.engine.republish(tenant, ident)
-            if p is not None:
-                published.append(p)
-        if published:
-            await self.exporter.flush()
-            await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
+        deadlines = await self.store.claim_due(k.deadlines, now)
+        waiting = await self.store.claim_due(k.await_watermark, watermark)
+        unpublished = await self.store.claim_due(k.unpublished, now - 2000)
+        try:
+            work = Work()
+            for tenant, ident in deadlines:
+                work.final.add((tenant, ident))
+                work.pending[(tenant, ident)] = "deadline"
+            for tenant, trace in waiting:
+                work.add(tenant, await self.store.trace_pending(tenant, trace), "watermark")
+            published = []
+            if work.pending or work.final:
+                outcomes = await self.engine.evaluate(work, watermark)
+                published.extend(await self.engine.decide_and_send(outcomes))
+            for tenant, ident in unpublished:
+                p = await self.engine.republish(tenant, ident)
+                if p is not None:
+                    published.append(p)
+            if published:
+                await self.exporter.flush()
+                await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
+        except BaseException:
+            await self.store.unclaim(k.deadlines, deadlines, now)
+            await self.store.unclaim(k.await_watermark, waiting, watermark)
+            await self.store.unclaim(k.unpublished, unpublished, now)
+            raise
         return len(published)
 
     async def shutdown(self) -> None:

@@ -355,6 +355,11 @@ class TraceStateStore:
     async def trace_pending(self, tenant: str, trace_id: str) -> list[str]:
         return sorted(_s(x) for x in await self.redis.smembers(self.k.pending(tenant, trace_id)))
 
+    async def unclaim(self, zset: str, items: Sequence[tuple[str, str]], score: int) -> None:
+        """Put claimed items back (their handling failed)."""
+        if items:
+            await self.redis.zadd(zset, {member(t, i): score for t, i in items})
+
     async def claim_due(self, zset: str, upto: int, limit: int = 500) -> list[tuple[str, str]]:
         """Claim members due by ``upto``: ZREM returns 1 to exactly one claimer."""
         due = [cast(bytes, m) for m in await self.redis.zrangebyscore(zset, "-inf", upto, start=0, num=limit)]
