@@ -169,3 +169,52 @@ async def _wait_spans(service: object, trace_id: str, n: int) -> None:
         if raw is not None and TraceState.from_json(raw).span_count >= n:
             return
         await asyncio.sleep(0.05)
+
+
+async def test_broken_completion_claim_publishes_one_revision(kafka_bootstrap: str, redis_url: str) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    agent = make_agent(cfg)
+    async with running_service(cfg) as service, control_client(cfg) as tw:
+        root = agent.tracer.start_span("agent", context=Context())
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+        root.end()
+        eid = await tw.expect(TraceScorable(trace_ids=(trace_id,)), expects("summarize"))
+        other = await tw.expect(TraceScorable(trace_ids=(trace_id,)), expects("agent_tool_never"))
+        await tw.mark_complete(trace_id, span_count=1)
+        first = await tw.wait_for(eid, timeout=30)
+        assert verdict(first) == "false" and first.version == 1
+        assert verdict(await tw.wait_for(other, timeout=30)) == "false"
+        # The claim was wrong: a span of that trace (the summarize tool) arrives afterwards.
+        from opentelemetry import trace as trace_api
+
+        with agent.tracer.start_as_current_span(
+            "summarize", context=trace_api.set_span_in_context(root),
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "summarize"},
+        ):
+            pass
+        await _until_version(tw, eid, 2)
+        revised = tw.latest(eid)
+        assert revised is not None
+        assert verdict(revised) == "true" and revised.version == 2 and revised.trigger == "revision"
+        assert revised.score_id != first.score_id
+        assert "late_span_after_completion" in revised.coverage.reasons
+        # The other expectation's absence is no longer provable: revised to UNDETERMINED, never kept FALSE.
+        await _until_version(tw, other, 2)
+        other_rev = tw.latest(other)
+        assert other_rev is not None and verdict(other_rev) == "undetermined"
+        # One more late span changes nothing further: revisions happen once.
+        with agent.tracer.start_as_current_span("extra", context=trace_api.set_span_in_context(root)):
+            pass
+        await asyncio.wait_for(_wait_spans(service, trace_id, 3), timeout=30)
+        await settled(service, "default", eid)
+        assert [e.version for e in tw.events(eid)] == [1, 2]
+    agent.close()
+
+
+async def _until_version(tw: object, eid: str, version: int) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            latest = tw.latest(eid)  # type: ignore[attr-defined]
+            if latest is not None and latest.version >= version:
+                return
+            await asyncio.sleep(0.05)
