@@ -1,0 +1,745 @@
+"""The control-plane client: register expectations, declare completion, await scores.
+
+    async with ToolwitnessClient(bootstrap_servers="127.0.0.1:19092", tenant="default") as tw:
+        eid = await tw.expect(TraceScorable(trace_ids=(trace_id,)), conditions=[ToolsCalled(...)])
+        await tw.mark_complete(trace_id, span_count=counter.count(trace_id))
+        event = await tw.wait_for(eid, timeout=30)
+
+Everything goes through Kafka (the wire contract in ``proto/toolwitness/v1``):
+expectations, completion markers and cancels are ``ControlMessage`` records on the control
+topic; scores are read back from the scores topic by a background consumer that is
+positioned at the end of every partition *before* ``start()`` returns, so a score for an
+expectation sent after ``start()`` can never be missed. Score events are deduplicated by
+``score_id`` (the service may re-send identical events after a crash).
+
+Every network await is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, Self
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+from aiokafka.helpers import create_ssl_context
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from collector.config import KafkaConfig, KafkaSecurityConfig, TopicsConfig
+from collector.wire.convert import (
+    decode_observation,
+    decode_score_event,
+    observation_from_proto,
+    scope_to_proto,
+    score_id_for,
+)
+from collector.wire.gen import control_pb2, score_pb2
+from scoring.models import (
+    ArgumentMatcher,
+    MessageScorable,
+    Observation,
+    PayloadPropagated,
+    ScoringExpectation,
+    SessionScorable,
+    ToolCallRequirement,
+    ToolsCalled,
+    ToolSequence,
+    TraceScorable,
+)
+from scoring.models.conditions import Condition
+from scoring.models.evidence import canonical_json
+from scoring.models.scorables import check_trace_id
+
+__all__ = [
+    "DEFAULT_DEADLINE",
+    "ToolwitnessClient",
+    "TopicSetupError",
+    "build_expectation",
+    "condition_to_proto",
+    "ensure_topics",
+    "kafka_security_kwargs",
+    "matcher_to_proto",
+]
+
+log = logging.getLogger(__name__)
+
+Scope = TraceScorable | SessionScorable | MessageScorable
+DEFAULT_DEADLINE = timedelta(minutes=5)
+DEFAULT_PARTITIONS = 4
+#: Kafka error code for a topic the broker does not know.
+_UNKNOWN_TOPIC = 3
+#: Kafka error code for "topic already exists" (another client won the creation race).
+_TOPIC_EXISTS = 36
+_LEADER_NOT_AVAILABLE = 5
+
+
+class TopicSetupError(RuntimeError):
+    """The toolwitness topics could not be created or did not become ready."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Kafka connection settings
+# --------------------------------------------------------------------------------------------------
+
+
+def kafka_security_kwargs(
+    security: KafkaSecurityConfig | None, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """aiokafka keyword arguments (producer, consumer, admin) for a security config.
+
+    SASL credentials are read from the environment variables the config names; a missing
+    one raises ``ValueError`` naming the variable (never its value).
+    """
+    if security is None or security.protocol == "PLAINTEXT":
+        return {}
+    environ = os.environ if env is None else env
+    kwargs: dict[str, Any] = {"security_protocol": security.protocol}
+    if security.protocol in ("SSL", "SASL_SSL"):
+        kwargs["ssl_context"] = create_ssl_context(
+            cafile=security.ssl_cafile or None,
+            certfile=security.ssl_certfile or None,
+            keyfile=security.ssl_keyfile or None,
+        )
+    if security.protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        if not security.sasl_mechanism:
+            raise ValueError(f"kafka.security.sasl_mechanism must be set for protocol {security.protocol}")
+        missing = [
+            name for name in (security.sasl_username_env, security.sasl_password_env) if not environ.get(name)
+        ]
+        if missing:
+            raise ValueError(f"SASL credentials missing: set the environment variable(s) {', '.join(missing)}")
+        kwargs["sasl_mechanism"] = security.sasl_mechanism
+        kwargs["sasl_plain_username"] = environ[security.sasl_username_env]
+        kwargs["sasl_plain_password"] = environ[security.sasl_password_env]
+    return kwargs
+
+
+def _response_errors(response: Any) -> list[tuple[str, int, str | None]]:
+    """(topic, error_code, message) rows of a CreateTopics response, any version."""
+    obj = response.to_object()
+    rows = obj.get("topic_errors") or obj.get("topics") or []
+    return [
+        (str(row.get("topic") or row.get("name")), int(row.get("error_code", 0)), row.get("error_message"))
+        for row in rows
+    ]
+
+
+def _ready(row: Mapping[str, Any]) -> bool:
+    parts = row.get("partitions") or []
+    return row.get("error_code") == 0 and bool(parts) and all(p.get("leader", -1) >= 0 for p in parts)
+
+
+async def _warn_unless_compacted(admin: Any, topic: str) -> None:
+    try:
+        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        entries = response.to_object()["resources"][0]["config_entries"]
+        policy = next((e["config_value"] for e in entries if e["config_names"] == "cleanup.policy"), "")
+    except Exception as exc:  # only a check: never fail the set-up on it
+        log.debug("could not read the configs of %s: %r", topic, exc)
+        return
+    if "compact" not in str(policy):
+        log.warning(
+            "observations topic %s has cleanup.policy=%s, not compact: observations will expire with retention",
+            topic, policy,
+        )
+
+
+async def ensure_topics(
+    bootstrap_servers: str,
+    topics: TopicsConfig | None = None,
+    *,
+    security: KafkaSecurityConfig | None = None,
+    partitions: int = DEFAULT_PARTITIONS,
+    replication_factor: int | None = None,
+    timeout_s: float = 30.0,
+    client_id: str = "toolwitness-admin",
+) -> list[str]:
+    """Create the toolwitness topics that do not exist yet; return the names created.
+
+    spans, control, scores and dlq are plain topics; observations is compacted
+    (``cleanup.policy=compact``, keyed by content hash). Existing topics are left as they
+    are. ``replication_factor`` defaults to min(3, brokers). Returns once every topic has a
+    leader for each partition; raises ``TopicSetupError`` (or ``TimeoutError``) otherwise.
+    """
+    topics = topics or TopicsConfig()
+    wanted: dict[str, dict[str, str]] = {
+        topics.spans: {},
+        topics.control: {},
+        topics.scores: {},
+        topics.dlq: {},
+        topics.observations: {"cleanup.policy": "compact"},
+    }
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap_servers,
+        client_id=client_id,
+        request_timeout_ms=max(1000, int(timeout_s * 1000)),
+        **kafka_security_kwargs(security),
+    )
+    created: list[str] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            # list_topics, not describe_topics: a Metadata request naming a missing topic makes a
+            # broker with auto.create.topics.enable create it with default configs (observations
+            # would not be compacted).
+            existing = set(await admin.list_topics())
+            missing = [name for name in wanted if name not in existing]
+            if missing:
+                rf = replication_factor
+                if rf is None:
+                    brokers = (await admin.describe_cluster()).get("brokers") or []
+                    rf = max(1, min(3, len(brokers)))
+                response = await admin.create_topics(
+                    [
+                        NewTopic(
+                            name=name,
+                            num_partitions=partitions,
+                            replication_factor=rf,
+                            topic_configs=wanted[name],
+                        )
+                        for name in missing
+                    ],
+                    timeout_ms=max(1000, int(timeout_s * 1000)),
+                )
+                for name, code, message in _response_errors(response):
+                    if code == 0:
+                        created.append(name)
+                        log.info("created topic %s (partitions=%d, replication=%d)", name, partitions, rf)
+                    elif code != _TOPIC_EXISTS:
+                        raise TopicSetupError(f"creating topic {name} failed: error {code} {message or ''}".strip())
+            # Until every partition of every topic has a leader (creation is asynchronous).
+            while True:
+                rows = await admin.describe_topics(list(wanted))
+                if len(rows) >= len(wanted) and all(_ready(r) for r in rows):
+                    break
+                fatal = [r for r in rows if r.get("error_code") not in (0, _UNKNOWN_TOPIC, _LEADER_NOT_AVAILABLE)]
+                if fatal:
+                    raise TopicSetupError(
+                        "topics not usable: " + ", ".join(f"{r['topic']} (error {r['error_code']})" for r in fatal)
+                    )
+                await asyncio.sleep(0.05)
+            await _warn_unless_compacted(admin, topics.observations)
+    except TimeoutError:
+        raise TimeoutError(f"toolwitness topics not ready within {timeout_s}s at {bootstrap_servers}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout_s):
+                await admin.close()
+    return created
+
+
+# --------------------------------------------------------------------------------------------------
+# scoring models -> control protobuf
+# --------------------------------------------------------------------------------------------------
+
+
+def matcher_to_proto(m: ArgumentMatcher) -> control_pb2.ArgumentMatcher:
+    """One argument matcher; values travel as canonical JSON."""
+    if "equals" in m.model_fields_set:
+        return control_pb2.ArgumentMatcher(path=m.path, equals_json=canonical_json(m.equals))
+    if m.regex is not None:
+        return control_pb2.ArgumentMatcher(path=m.path, regex=m.regex)
+    if m.one_of is not None:
+        return control_pb2.ArgumentMatcher(
+            path=m.path, one_of=control_pb2.OneOf(values_json=[canonical_json(v) for v in m.one_of])
+        )
+    rng = control_pb2.NumberRange()
+    if m.minimum is not None:
+        rng.min = m.minimum
+    if m.maximum is not None:
+        rng.max = m.maximum
+    return control_pb2.ArgumentMatcher(path=m.path, range=rng)
+
+
+def _requirement_to_proto(t: ToolCallRequirement) -> control_pb2.ToolCallRequirement:
+    req = control_pb2.ToolCallRequirement(
+        name=t.name, arguments=[matcher_to_proto(m) for m in t.arguments], status=t.status, min_count=t.min_count
+    )
+    if t.max_count is not None:
+        req.max_count = t.max_count
+    return req
+
+
+def condition_to_proto(c: Condition) -> control_pb2.Condition:
+    if isinstance(c, ToolsCalled):
+        return control_pb2.Condition(
+            tools_called=control_pb2.ToolsCalled(tools=[_requirement_to_proto(t) for t in c.tools])
+        )
+    if isinstance(c, ToolSequence):
+        return control_pb2.Condition(tool_sequence=control_pb2.ToolSequence(tools=list(c.tools), mode=c.mode))
+    if isinstance(c, PayloadPropagated):
+        return control_pb2.Condition(
+            payload_propagated=control_pb2.PayloadPropagated(
+                canaries=list(c.canaries), target_tools=list(c.target_tools)
+            )
+        )
+    raise TypeError(f"unsupported condition type {type(c).__name__}")
+
+
+def build_expectation(
+    *,
+    expectation_id: str,
+    tenant: str,
+    scope: Scope,
+    expectation: ScoringExpectation,
+    scorer: str = "tools",
+    deadline: timedelta = DEFAULT_DEADLINE,
+    labels: Mapping[str, str] | None = None,
+    created_at: datetime | None = None,
+) -> control_pb2.Expectation:
+    """The ``control_pb2.Expectation`` for a scope and a ``ScoringExpectation``."""
+    if not expectation_id:
+        raise ValueError("expectation_id must not be empty")
+    if deadline <= timedelta(0):
+        raise ValueError(f"deadline must be positive, got {deadline}")
+    msg = control_pb2.Expectation(
+        expectation_id=expectation_id,
+        tenant=tenant,
+        scope=scope_to_proto(scope),
+        scorer=scorer,
+        conditions=[condition_to_proto(c) for c in expectation.conditions],
+        objective=expectation.objective or "",
+        labels=dict(labels or {}),
+    )
+    msg.deadline.FromTimedelta(deadline)
+    msg.created_at.FromDatetime(created_at or datetime.now(UTC))
+    return msg
+
+
+# --------------------------------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------------------------------
+
+
+class ToolwitnessClient:
+    """Async control-plane client (see the module docstring). Use as ``async with``."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: str,
+        tenant: str = "default",
+        topics: TopicsConfig | None = None,
+        security: KafkaSecurityConfig | None = None,
+        timeout_s: float = 10.0,
+        client_id: str = "toolwitness-client",
+        create_topics: bool = True,
+        partitions: int = DEFAULT_PARTITIONS,
+    ) -> None:
+        if not tenant:
+            raise ValueError("tenant must not be empty")
+        self.bootstrap_servers = bootstrap_servers
+        self.tenant = tenant
+        self.topics = topics or TopicsConfig()
+        self.timeout_s = timeout_s
+        self._security = security
+        self._client_id = client_id
+        self._create_topics = create_topics
+        self._partitions = partitions
+        self._kafka_kwargs = kafka_security_kwargs(security)
+
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._consumer_task: asyncio.Task[None] | None = None
+        self._consumer_error: BaseException | None = None
+        self._started = False
+        self._start_lock = asyncio.Lock()
+
+        self._events: dict[str, list[score_pb2.ScoreEvent]] = {}
+        self._arrived: list[score_pb2.ScoreEvent] = []
+        self._seen: set[str] = set()
+        self._duplicates = 0
+        self._undecodable = 0
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._subscribers: list[asyncio.Queue[score_pb2.ScoreEvent | None]] = []
+
+    @classmethod
+    def from_kafka_config(cls, kafka: KafkaConfig, *, tenant: str = "default", timeout_s: float = 10.0) -> Self:
+        """A client for the service's Kafka section (bootstrap, topics, security, client id)."""
+        return cls(
+            bootstrap_servers=kafka.bootstrap_servers,
+            tenant=tenant,
+            topics=kafka.topics,
+            security=kafka.security,
+            timeout_s=timeout_s,
+            client_id=f"{kafka.client_id}-client",
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def ensure_topics(self, *, replication_factor: int | None = None) -> list[str]:
+        """Create this client's topics when missing (see the module-level ``ensure_topics``)."""
+        return await ensure_topics(
+            self.bootstrap_servers,
+            self.topics,
+            security=self._security,
+            partitions=self._partitions,
+            replication_factor=replication_factor,
+            timeout_s=max(self.timeout_s, 30.0),
+            client_id=f"{self._client_id}-admin",
+        )
+
+    async def start(self) -> None:
+        """Create missing topics, start the producer and the scores consumer (at the end)."""
+        async with self._start_lock:
+            if self._started:
+                return
+            try:
+                if self._create_topics:
+                    await self.ensure_topics()
+                self._producer = AIOKafkaProducer(
+                    bootstrap_servers=self.bootstrap_servers,
+                    client_id=self._client_id,
+                    enable_idempotence=True,
+                    acks="all",
+                    request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
+                    **self._kafka_kwargs,
+                )
+                async with asyncio.timeout(self.timeout_s):
+                    await self._producer.start()
+                # No consumer group: every partition of the scores topic is assigned to us.
+                self._consumer = AIOKafkaConsumer(
+                    self.topics.scores,
+                    bootstrap_servers=self.bootstrap_servers,
+                    client_id=f"{self._client_id}-scores",
+                    group_id=None,
+                    enable_auto_commit=False,
+                    auto_offset_reset="latest",
+                    request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
+                    **self._kafka_kwargs,
+                )
+                async with asyncio.timeout(self.timeout_s):
+                    await self._consumer.start()
+                    assigned = self._consumer.assignment()
+                    if not assigned:
+                        raise TopicSetupError(f"scores topic {self.topics.scores!r} has no partitions")
+                    # Pin the position of every partition at its current end NOW, before any
+                    # expectation can be sent, so no score for it can be missed.
+                    await self._consumer.seek_to_end(*assigned)
+                    for tp in assigned:
+                        await self._consumer.position(tp)
+            except BaseException:
+                await self._close_clients()
+                raise
+            self._consumer_error = None
+            self._consumer_task = asyncio.create_task(self._consume(), name="toolwitness-client-scores")
+            self._started = True
+            log.debug("toolwitness client started (tenant=%s, scores=%s)", self.tenant, self.topics.scores)
+
+    async def stop(self) -> None:
+        """Stop the consumer and the producer; wake every waiter. Idempotent."""
+        async with self._start_lock:
+            if not self._started:
+                return
+            self._started = False
+            task, self._consumer_task = self._consumer_task, None
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self._close_clients()
+            self._wake_all(RuntimeError("the toolwitness client was stopped"))
+
+    async def _close_clients(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        producer, self._producer = self._producer, None
+        for client in (consumer, producer):
+            if client is None:
+                continue
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await client.stop()
+            except Exception as exc:
+                log.warning("stopping %s failed: %r", type(client).__name__, exc)
+
+    # -- control plane ---------------------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise RuntimeError("ToolwitnessClient is not started: use `async with` or await start()")
+
+    async def _send(self, topic: str, key: str, value: bytes) -> None:
+        self._require_started()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._producer.send_and_wait(topic, value=value, key=key.encode("utf-8"))
+        except TimeoutError:
+            raise TimeoutError(f"record to {topic!r} not acknowledged within {self.timeout_s}s") from None
+
+    async def _send_control(self, key: str, msg: control_pb2.ControlMessage) -> None:
+        await self._send(self.topics.control, key, msg.SerializeToString(deterministic=True))
+
+    async def expect(
+        self,
+        scope: Scope,
+        expectation: ScoringExpectation | None = None,
+        *,
+        conditions: Sequence[Condition] | None = None,
+        scorer: str = "tools",
+        deadline: timedelta = DEFAULT_DEADLINE,
+        expectation_id: str | None = None,
+        objective: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> str:
+        """Register an expectation on the control topic; return its id (uuid4 hex by default).
+
+        Give either ``expectation`` or ``conditions`` (+ ``objective``); ``objective`` also
+        overrides the expectation's. The record is keyed by the expectation id.
+        """
+        if expectation is not None and conditions is not None:
+            raise ValueError("pass either `expectation` or `conditions`, not both")
+        if expectation is None:
+            expectation = ScoringExpectation(conditions=tuple(conditions or ()), objective=objective)
+        elif objective is not None:
+            expectation = expectation.model_copy(update={"objective": objective})
+        eid = expectation_id or uuid.uuid4().hex
+        msg = build_expectation(
+            expectation_id=eid,
+            tenant=self.tenant,
+            scope=scope,
+            expectation=expectation,
+            scorer=scorer,
+            deadline=deadline,
+            labels=labels,
+        )
+        await self._send_control(eid, control_pb2.ControlMessage(expectation=msg))
+        return eid
+
+    async def mark_complete(self, trace_id: str, span_count: int | None = None, at: datetime | None = None) -> None:
+        """Declare trace ``trace_id`` complete (optionally: it has exactly ``span_count`` spans).
+
+        ``at`` is the event time of the claim (default now; naive datetimes are taken as UTC).
+        """
+        check_trace_id(trace_id)
+        marker = control_pb2.CompletionMarker(tenant=self.tenant, trace_id=trace_id)
+        if span_count is not None:
+            if span_count < 0:
+                raise ValueError(f"span_count must be >= 0, got {span_count}")
+            marker.span_count = span_count
+        marker.at.FromDatetime(at or datetime.now(UTC))
+        await self._send_control(trace_id, control_pb2.ControlMessage(completion=marker))
+
+    async def mark_session_complete(self, session_id: str, at: datetime | None = None) -> None:
+        """Declare every trace of session ``session_id`` complete (keyed by the session id)."""
+        if not session_id:
+            raise ValueError("session_id must not be empty")
+        marker = control_pb2.CompletionMarker(tenant=self.tenant, session_id=session_id)
+        marker.at.FromDatetime(at or datetime.now(UTC))
+        await self._send_control(session_id, control_pb2.ControlMessage(completion=marker))
+
+    async def cancel(self, expectation_id: str, reason: str = "") -> None:
+        """Cancel an expectation (keyed by its id)."""
+        if not expectation_id:
+            raise ValueError("expectation_id must not be empty")
+        msg = control_pb2.CancelExpectation(tenant=self.tenant, expectation_id=expectation_id, reason=reason)
+        await self._send_control(expectation_id, control_pb2.ControlMessage(cancel=msg))
+
+    # -- scores ----------------------------------------------------------------------------------
+
+    @property
+    def duplicates(self) -> int:
+        """Score events received again with an already seen ``score_id`` (and dropped)."""
+        return self._duplicates
+
+    @property
+    def undecodable(self) -> int:
+        """Records on the scores topic that were not a ScoreEvent (skipped)."""
+        return self._undecodable
+
+    def events(self, expectation_id: str) -> list[score_pb2.ScoreEvent]:
+        """Every distinct score event received for an expectation (all versions, arrival order)."""
+        return list(self._events.get(expectation_id, ()))
+
+    def latest(self, expectation_id: str) -> score_pb2.ScoreEvent | None:
+        """The highest version received for an expectation, or None."""
+        best: score_pb2.ScoreEvent | None = None
+        for ev in self._events.get(expectation_id, ()):
+            if best is None or ev.version >= best.version:
+                best = ev
+        return best
+
+    async def _consume(self) -> None:
+        failing = False
+        while True:
+            try:
+                batch = await self._consumer.getmany(timeout_ms=500)
+            except asyncio.CancelledError:
+                raise
+            except KafkaError as exc:
+                if not failing:
+                    log.warning("reading scores from %s failed (retrying): %r", self.topics.scores, exc)
+                failing = True
+                await asyncio.sleep(0.5)
+                continue
+            except Exception as exc:
+                log.error("the scores consumer stopped: %r", exc)
+                self._consumer_error = exc
+                self._wake_all(exc)
+                return
+            if failing:
+                log.info("reading scores from %s recovered", self.topics.scores)
+                failing = False
+            for records in batch.values():
+                for record in records:
+                    self._ingest(record.value)
+
+    def _ingest(self, value: bytes | None) -> None:
+        if value is None:
+            return
+        try:
+            ev = decode_score_event(value)
+        except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError) as exc:
+            self._undecodable += 1
+            log.warning("skipping an undecodable record on %s: %s", self.topics.scores, type(exc).__name__)
+            return
+        if not ev.expectation_id:
+            self._undecodable += 1
+            log.warning("skipping a score event without expectation_id on %s", self.topics.scores)
+            return
+        sid = ev.score_id or score_id_for(ev.expectation_id, ev.version)
+        if sid in self._seen:
+            self._duplicates += 1
+            return
+        self._seen.add(sid)
+        self._events.setdefault(ev.expectation_id, []).append(ev)
+        self._arrived.append(ev)
+        for q in self._subscribers:
+            q.put_nowait(ev)
+        for fut in self._waiters.pop(ev.expectation_id, []):
+            if not fut.done():
+                fut.set_result(None)
+
+    def _wake_all(self, exc: BaseException) -> None:
+        for futs in self._waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(exc)
+        self._waiters.clear()
+        for q in self._subscribers:
+            q.put_nowait(None)
+
+    async def scores(self, *, include_received: bool = True) -> AsyncGenerator[score_pb2.ScoreEvent, None]:
+        """Distinct score events as they arrive (first those already received, unless told not to).
+
+        Ends when the client stops; raises if the scores consumer failed.
+        """
+        self._require_started()
+        q: asyncio.Queue[score_pb2.ScoreEvent | None] = asyncio.Queue()
+        if include_received:
+            for received in self._arrived:
+                q.put_nowait(received)
+        self._subscribers.append(q)
+        try:
+            while True:
+                ev = await q.get()
+                if ev is None:
+                    if self._consumer_error is not None:
+                        raise RuntimeError("the scores consumer failed") from self._consumer_error
+                    return
+                yield ev
+        finally:
+            self._subscribers.remove(q)
+
+    async def wait_for(self, expectation_id: str, timeout: float) -> score_pb2.ScoreEvent:
+        """The latest version of the score for ``expectation_id``; waits up to ``timeout`` s.
+
+        Raises ``TimeoutError`` (== ``asyncio.TimeoutError``) when none arrived in time.
+        """
+        self._require_started()
+        found = self.latest(expectation_id)
+        if found is not None:
+            return found
+        if self._consumer_error is not None:
+            raise RuntimeError("the scores consumer failed") from self._consumer_error
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(expectation_id, []).append(fut)
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+        except TimeoutError:
+            raise TimeoutError(
+                f"no score for expectation {expectation_id!r} on topic {self.topics.scores!r} within {timeout}s "
+                "(is the toolwitness service running, and was the scope completed or its deadline reached?)"
+            ) from None
+        finally:
+            waiters = self._waiters.get(expectation_id)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._waiters[expectation_id]
+        latest = self.latest(expectation_id)
+        assert latest is not None
+        return latest
+
+    # -- observations ----------------------------------------------------------------------------
+
+    async def get_observation(self, observation_id: str, timeout: float = 10.0) -> Observation:
+        """Read an observation from the (compacted) observations topic, from the beginning.
+
+        Waits up to ``timeout`` s for it to appear. The result is content-hash verified:
+        a record whose content does not match its id raises ``ValueError``.
+        """
+        if not observation_id:
+            raise ValueError("observation_id must not be empty")
+        key = observation_id.encode("utf-8")
+        consumer = AIOKafkaConsumer(
+            self.topics.observations,
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=f"{self._client_id}-observations",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
+            **self._kafka_kwargs,
+        )
+        value: bytes | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                await consumer.start()
+                while value is None:
+                    batch = await consumer.getmany(timeout_ms=200)
+                    for records in batch.values():
+                        for record in records:
+                            if record.key == key and record.value is not None:
+                                value = record.value
+                                break
+        except TimeoutError:
+            raise TimeoutError(
+                f"observation {observation_id!r} not found on topic {self.topics.observations!r} within {timeout}s"
+            ) from None
+        finally:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await consumer.stop()
+            except Exception as exc:
+                log.warning("stopping the observations consumer failed: %r", exc)
+        assert value is not None
+        proto = decode_observation(value)
+        if proto.observation_id != observation_id:
+            raise ValueError(
+                f"record keyed {observation_id!r} carries observation_id {proto.observation_id!r}"
+            )
+        return observation_from_proto(proto)

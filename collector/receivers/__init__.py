@@ -1,0 +1,1 @@
+"""Receivers: where spans and control records enter the pipeline."""

@@ -1,0 +1,559 @@
+"""The producer-side pieces against the real broker: the OTel SDK exporter, the control-plane
+client, and the OTLP/gRPC sidecar.
+
+* a real TracerProvider + SimpleSpanProcessor(KafkaSpanExporter) puts spans on the spans topic,
+  one record per trace per export, keyed by trace id, with the tenant header;
+* expect() / mark_complete() / mark_session_complete() / cancel() write control records that
+  decode to exactly what was asked;
+* the sidecar receives spans from the real OTLP/gRPC exporter and forwards them keyed by
+  trace id; invalid spans are reported as partial success; with a bearer token, calls without
+  it are refused;
+* wait_for() returns a score event produced here (standing in for the service) and drops an
+  identical re-send (duplicates == 1); get_observation() verifies the content hash.
+
+Every wait ends on a condition (a record, an offset) under a timeout, never on a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import format_trace_id
+
+from collector.client import ToolwitnessClient, ensure_topics
+from collector.config import KafkaConfig, TopicsConfig
+from collector.otel import TENANT_HEADER, KafkaSpanExporter, SpanCountingProcessor
+from collector.receivers.otlp_grpc import SidecarConfig, create_sidecar, run_sidecar
+from collector.wire.convert import (
+    decode_control,
+    encode,
+    expectation_from_proto,
+    observation_to_proto,
+    scope_to_proto,
+    score_id_for,
+)
+from collector.wire.gen import common_pb2, score_pb2
+from scoring.models import (
+    Acquisition,
+    ArgumentMatcher,
+    Coverage,
+    Observation,
+    ScoringExpectation,
+    SessionScorable,
+    ToolCallRequirement,
+    ToolExecution,
+    ToolsCalled,
+    ToolSequence,
+    TraceScorable,
+)
+from scoring.models.conditions import Condition
+from scoring.models.evidence import CaptureState, CompletionSource
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 60.0
+TopicFactory = Callable[..., Awaitable[str]]
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def topics(topic_factory: TopicFactory) -> TopicsConfig:
+    """A full, unique set of toolwitness topics for one test (deleted after it)."""
+    return TopicsConfig(
+        spans=await topic_factory(4),
+        control=await topic_factory(1),
+        scores=await topic_factory(4),
+        observations=await topic_factory(1, configs={"cleanup.policy": "compact"}),
+        dlq=await topic_factory(1),
+    )
+
+
+@pytest.fixture
+async def client(kafka_bootstrap: str, topics: TopicsConfig) -> AsyncIterator[ToolwitnessClient]:
+    async with asyncio.timeout(TIMEOUT_S), ToolwitnessClient(
+        bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics
+    ) as tw:
+        yield tw
+
+
+async def read_records(bootstrap: str, topic: str, n: int) -> list[Any]:
+    """Exactly the n records on the topic (all partitions, from the beginning); fails on more."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    records: list[Any] = []
+    async with asyncio.timeout(TIMEOUT_S):
+        await consumer.start()
+        try:
+            while len(records) < n:
+                for batch in (await consumer.getmany(timeout_ms=500)).values():
+                    records.extend(batch)
+            tps = list(consumer.assignment())
+            ends = await consumer.end_offsets(tps)
+        finally:
+            await consumer.stop()
+    assert sum(ends.values()) == n == len(records), f"expected {n} records on {topic}, found {sum(ends.values())}"
+    return records
+
+
+def attrs(kvs: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        v = kv.value
+        out[kv.key] = getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
+    return out
+
+
+def spans_of(request: ExportTraceServiceRequest) -> list[Span]:
+    return [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+
+
+def make_agent_spans(provider: TracerProvider) -> dict[str, list[str]]:
+    """Two traces of tool spans; returns trace id -> span names."""
+    tracer = provider.get_tracer("tw.it.agent", "1.0")
+    traces: dict[str, list[str]] = {}
+    with tracer.start_as_current_span("invoke_agent") as root:
+        tid = format_trace_id(root.get_span_context().trace_id)
+        for tool, args in (("search_flights", '{"to":"LIS"}'), ("book_flight", '{"flight":"LH123"}')):
+            with tracer.start_as_current_span(f"execute_tool {tool}") as span:
+                span.set_attribute("gen_ai.operation.name", "execute_tool")
+                span.set_attribute("gen_ai.tool.name", tool)
+                span.set_attribute("gen_ai.tool.call.arguments", args)
+        traces[tid] = ["execute_tool search_flights", "execute_tool book_flight", "invoke_agent"]
+    with tracer.start_as_current_span("invoke_agent") as root:
+        tid = format_trace_id(root.get_span_context().trace_id)
+        root.set_attribute("gen_ai.conversation.id", "conv-7")
+        traces[tid] = ["invoke_agent"]
+    return traces
+
+
+def captured_spans() -> tuple[tuple[ReadableSpan, ...], dict[str, list[str]]]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "tw-it-agent"}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    traces = make_agent_spans(provider)
+    provider.shutdown()
+    return memory.get_finished_spans(), traces
+
+
+def check_span_records(records: list[Any], traces: dict[str, list[str]]) -> None:
+    seen: dict[str, list[str]] = {}
+    for r in records:
+        key = r.key.decode()
+        request = ExportTraceServiceRequest.FromString(r.value)
+        for rs in request.resource_spans:
+            assert attrs(rs.resource.attributes)["service.name"] == "tw-it-agent"
+            for ss in rs.scope_spans:
+                assert ss.scope.name == "tw.it.agent"
+                for span in ss.spans:
+                    assert span.trace_id.hex() == key, "a record carries a span of another trace"
+                    seen.setdefault(key, []).append(span.name)
+                    if span.name == "execute_tool book_flight":
+                        a = attrs(span.attributes)
+                        assert a["gen_ai.tool.name"] == "book_flight"
+                        assert a["gen_ai.tool.call.arguments"] == '{"flight":"LH123"}'
+                        assert a["gen_ai.operation.name"] == "execute_tool"
+    assert {k: sorted(v) for k, v in seen.items()} == {k: sorted(v) for k, v in traces.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# KafkaSpanExporter
+# --------------------------------------------------------------------------------------------------
+
+
+async def test_sdk_spans_land_on_the_spans_topic_keyed_by_trace_id(kafka_bootstrap: str, topics: TopicsConfig) -> None:
+    exporter = KafkaSpanExporter(bootstrap_servers=kafka_bootstrap, topic=topics.spans, tenant="acme")
+    provider = TracerProvider(resource=Resource.create({"service.name": "tw-it-agent"}), shutdown_on_exit=False)
+    counter = SpanCountingProcessor()
+    provider.add_span_processor(counter)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        # SimpleSpanProcessor exports synchronously on span end: keep it off the event loop.
+        traces = await asyncio.to_thread(make_agent_spans, provider)
+    finally:
+        await asyncio.to_thread(provider.shutdown)  # shuts the exporter down too
+    for tid, names in traces.items():
+        assert counter.count(tid) == len(names)
+
+    # SimpleSpanProcessor: one export (one record) per span.
+    records = await read_records(kafka_bootstrap, topics.spans, sum(len(v) for v in traces.values()))
+    check_span_records(records, traces)
+    for r in records:
+        assert dict(r.headers)[TENANT_HEADER] == b"acme"
+    # Records of one trace share a key, hence a partition: per-trace order is kept.
+    for tid in traces:
+        assert len({r.partition for r in records if r.key == tid.encode()}) == 1
+
+
+async def test_one_export_call_writes_one_record_per_trace(kafka_bootstrap: str, topics: TopicsConfig) -> None:
+    spans, traces = captured_spans()
+    exporter = KafkaSpanExporter(bootstrap_servers=kafka_bootstrap, topic=topics.spans)
+    try:
+        assert await asyncio.to_thread(exporter.export, spans) is SpanExportResult.SUCCESS
+        assert await asyncio.to_thread(exporter.force_flush, 10_000)
+    finally:
+        await asyncio.to_thread(exporter.shutdown)
+        await asyncio.to_thread(exporter.shutdown)
+    records = await read_records(kafka_bootstrap, topics.spans, len(traces))
+    assert sorted(r.key.decode() for r in records) == sorted(traces)
+    assert all(not r.headers for r in records), "no tenant configured: no tenant header"
+    check_span_records(records, traces)
+
+
+# --------------------------------------------------------------------------------------------------
+# ToolwitnessClient: control records
+# --------------------------------------------------------------------------------------------------
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+async def test_control_records_decode_to_what_was_asked(
+    kafka_bootstrap: str, topics: TopicsConfig, client: ToolwitnessClient
+) -> None:
+    scope = TraceScorable(trace_ids=(TRACE,))
+    conditions: list[Condition] = [
+        ToolsCalled(
+            tools=(
+                ToolCallRequirement(
+                    name="book_flight",
+                    arguments=(ArgumentMatcher(path="$.flight", regex="^LH"), ArgumentMatcher(path="$.n", minimum=1)),
+                    status="ok",
+                    max_count=1,
+                ),
+            )
+        ),
+        ToolSequence(tools=("search_flights", "book_flight")),
+    ]
+    eid = await client.expect(
+        scope, conditions=conditions, objective="book it", deadline=timedelta(seconds=42), scorer="tools"
+    )
+    assert len(eid) == 32 and int(eid, 16) >= 0
+    given = ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="x"),)),))
+    eid2 = await client.expect(SessionScorable(session_id="conv-7"), given, expectation_id="my-id")
+    assert eid2 == "my-id"
+    at = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    await client.mark_complete(TRACE, span_count=3, at=at)
+    await client.mark_complete(TRACE)
+    await client.mark_session_complete("conv-7", at=at)
+    await client.cancel("my-id", reason="changed my mind")
+    with pytest.raises(ValueError):
+        await client.mark_complete("not-a-trace-id")
+    with pytest.raises(ValueError):
+        await client.expect(scope, given, conditions=conditions)
+
+    records = await read_records(kafka_bootstrap, topics.control, 6)
+    assert [r.offset for r in records] == list(range(6))  # one partition: send order
+    msgs = [decode_control(r.value) for r in records]
+    keys = [r.key.decode() for r in records]
+    assert keys == [eid, "my-id", TRACE, TRACE, "conv-7", "my-id"]
+
+    e1 = expectation_from_proto(msgs[0].expectation, default_tenant="x", default_deadline_s=1, now_ms=0)
+    assert e1.expectation_id == eid and e1.tenant == "acme" and e1.scope == scope and e1.scorer == "tools"
+    assert e1.expectation == ScoringExpectation(conditions=tuple(conditions), objective="book it")
+    assert e1.deadline_ms == 42_000
+    e2 = expectation_from_proto(msgs[1].expectation, default_tenant="x", default_deadline_s=1, now_ms=0)
+    assert e2.expectation == given and e2.scope == SessionScorable(session_id="conv-7")
+    assert e2.deadline_ms == 300_000  # the default deadline: 5 minutes
+
+    m = msgs[2].completion
+    assert (m.tenant, m.trace_id, m.span_count) == ("acme", TRACE, 3) and m.HasField("span_count")
+    assert m.at.ToDatetime(tzinfo=UTC) == at
+    m = msgs[3].completion
+    assert m.trace_id == TRACE and not m.HasField("span_count")
+    assert abs((m.at.ToDatetime(tzinfo=UTC) - datetime.now(UTC)).total_seconds()) < TIMEOUT_S
+    m = msgs[4].completion
+    assert m.WhichOneof("target") == "session_id" and m.session_id == "conv-7"
+    c = msgs[5].cancel
+    assert (c.tenant, c.expectation_id, c.reason) == ("acme", "my-id", "changed my mind")
+
+
+async def test_client_creates_missing_topics(kafka_bootstrap: str, kafka_admin: AIOKafkaAdminClient) -> None:
+    stem = f"tw-test-ensure-{uuid.uuid4().hex[:12]}"
+    wanted = TopicsConfig(
+        spans=f"{stem}-spans", control=f"{stem}-control", scores=f"{stem}-scores",
+        observations=f"{stem}-observations", dlq=f"{stem}-dlq",
+    )
+    names = [wanted.spans, wanted.control, wanted.scores, wanted.observations, wanted.dlq]
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            async with ToolwitnessClient(bootstrap_servers=kafka_bootstrap, topics=wanted) as tw:
+                assert tw.started
+                await tw.start()  # idempotent
+            await tw.stop()  # idempotent
+            assert sorted(await ensure_topics(kafka_bootstrap, wanted)) == []  # all there now
+            rows = {r["topic"]: r for r in await kafka_admin.describe_topics(names)}
+            assert all(len(rows[n]["partitions"]) == 4 for n in names)
+            (resp,) = await kafka_admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, wanted.observations, configs=None)]
+            )
+            entries = {e["config_names"]: e["config_value"] for e in resp.to_object()["resources"][0]["config_entries"]}
+            assert entries["cleanup.policy"] == "compact"
+    finally:
+        await kafka_admin.delete_topics(names, timeout_ms=30_000)
+
+
+# --------------------------------------------------------------------------------------------------
+# ToolwitnessClient: scores and observations
+# --------------------------------------------------------------------------------------------------
+
+
+def score_event(
+    expectation_id: str, version: int = 1, status: common_pb2.ScoreStatus.ValueType = common_pb2.SCORE_STATUS_TRUE
+) -> score_pb2.ScoreEvent:
+    ev = score_pb2.ScoreEvent(
+        score_id=score_id_for(expectation_id, version),
+        expectation_id=expectation_id,
+        version=version,
+        tenant="acme",
+        scope=scope_to_proto(TraceScorable(trace_ids=(TRACE,))),
+        scorer="tools",
+        scorer_identity="ab" * 32,
+        status=status,
+        value="true" if status == common_pb2.SCORE_STATUS_TRUE else "false",
+        rationale="book_flight executed",
+        coverage=common_pb2.Coverage(complete=True, source=common_pb2.COMPLETION_SOURCE_MARKER),
+        trigger="marker" if version == 1 else "revision",
+    )
+    ev.decided_at.FromDatetime(datetime.now(UTC))
+    return ev
+
+
+async def test_wait_for_returns_the_score_and_drops_identical_resends(
+    kafka_bootstrap: str, topics: TopicsConfig, client: ToolwitnessClient
+) -> None:
+    eid = await client.expect(
+        TraceScorable(trace_ids=(TRACE,)), conditions=[ToolsCalled(tools=(ToolCallRequirement(name="book_flight"),))]
+    )
+    sent = score_event(eid)
+    other = score_event(uuid.uuid4().hex)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+    async with asyncio.timeout(TIMEOUT_S):
+        await producer.start()
+        try:
+            stream = client.scores()
+            await producer.send_and_wait(topics.scores, value=encode(sent, "protobuf"), key=eid.encode(), partition=2)
+            got = await client.wait_for(eid, timeout=TIMEOUT_S)
+            assert got == sent
+            assert await anext(stream) == sent
+
+            # The service re-sends an identical event (crash replay), then another score on the
+            # same partition: once that one is seen, the re-send has been processed (and dropped).
+            await producer.send_and_wait(topics.scores, value=encode(sent, "json"), key=eid.encode(), partition=2)
+            await producer.send_and_wait(topics.scores, value=encode(other, "protobuf"), partition=2)
+            assert await anext(stream) == other
+            assert client.duplicates == 1
+            assert client.events(eid) == [sent]
+
+            # A revision (version 2) is a distinct event; wait_for then returns the latest version.
+            revision = score_event(eid, version=2, status=common_pb2.SCORE_STATUS_FALSE)
+            await producer.send_and_wait(topics.scores, value=encode(revision, "protobuf"), key=eid.encode())
+            assert await anext(stream) == revision
+            assert await client.wait_for(eid, timeout=1) == revision
+            assert [e.version for e in client.events(eid)] == [1, 2]
+            await stream.aclose()
+        finally:
+            await producer.stop()
+
+    with pytest.raises(TimeoutError, match="no score for expectation 'never'"):
+        await client.wait_for("never", timeout=0.2)
+
+
+async def test_scores_sent_before_start_are_not_seen(kafka_bootstrap: str, topics: TopicsConfig) -> None:
+    old = score_event("old-expectation")
+    fresh = score_event("fresh-expectation")
+    async with asyncio.timeout(TIMEOUT_S):
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topics.scores, value=encode(old, "protobuf"), partition=1)
+            async with ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as tw:
+                await producer.send_and_wait(topics.scores, value=encode(fresh, "protobuf"), partition=1)
+                assert await tw.wait_for("fresh-expectation", timeout=TIMEOUT_S) == fresh
+                assert tw.events("old-expectation") == []
+        finally:
+            await producer.stop()
+
+
+async def test_get_observation_reads_and_verifies(
+    kafka_bootstrap: str, topics: TopicsConfig, client: ToolwitnessClient
+) -> None:
+    obs = Observation(
+        scorable=TraceScorable(trace_ids=(TRACE,)),
+        tool_executions=(
+            ToolExecution(
+                name="book_flight", trace_id=TRACE, span_id="00f067aa0ba902b7", status="ok",
+                start_time_unix_nano=1, end_time_unix_nano=2, arguments='{"flight":"LH123"}',
+                arguments_state=CaptureState.CAPTURED,
+            ),
+        ),
+        coverage=Coverage.completed(CompletionSource.MARKER),
+        acquisition=Acquisition.COMPLETE,
+    )
+    tampered = observation_to_proto(obs)
+    tampered.observation_id = "f" * 64
+    tampered.tool_executions[0].name = "send_email"
+    async with asyncio.timeout(TIMEOUT_S):
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topics.observations, value=b"", key=b"unrelated")
+            good = encode(observation_to_proto(obs), "protobuf")
+            await producer.send_and_wait(topics.observations, value=good, key=obs.observation_id.encode())
+            await producer.send_and_wait(topics.observations, value=encode(tampered, "json"), key=b"f" * 64)
+        finally:
+            await producer.stop()
+        got = await client.get_observation(obs.observation_id, timeout=TIMEOUT_S)
+        assert got == obs
+        with pytest.raises(ValueError, match="does not match"):
+            await client.get_observation("f" * 64, timeout=TIMEOUT_S)
+        with pytest.raises(TimeoutError, match="not found"):
+            await client.get_observation("0" * 64, timeout=1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The OTLP/gRPC sidecar
+# --------------------------------------------------------------------------------------------------
+
+
+def sidecar_config(bootstrap: str, topics: TopicsConfig, token_env: str = "TW_IT_SIDECAR_TOKEN") -> SidecarConfig:
+    return SidecarConfig(
+        listen="127.0.0.1:0",
+        kafka=KafkaConfig(bootstrap_servers=bootstrap, topics=topics, request_timeout_ms=10_000),
+        bearer_token_env=token_env,
+    )
+
+
+async def test_sidecar_forwards_otlp_grpc_exports_keyed_by_trace_id(kafka_bootstrap: str, topics: TopicsConfig) -> None:
+    spans, traces = captured_spans()
+    sidecar = create_sidecar(sidecar_config(kafka_bootstrap, topics), env={})
+    async with asyncio.timeout(TIMEOUT_S):
+        await sidecar.start()
+        try:
+            assert sidecar.port > 0
+            otlp = OTLPSpanExporter(endpoint=sidecar.endpoint, insecure=True, timeout=10)
+            try:
+                # The real exporter is synchronous (gRPC sync channel): off the loop serving the call.
+                assert await asyncio.to_thread(otlp.export, spans) is SpanExportResult.SUCCESS
+            finally:
+                await asyncio.to_thread(otlp.shutdown)
+
+            # A raw call with a span that has an invalid trace id: partial success, not forwarded.
+            good_tid = uuid.uuid4().bytes
+            request = ExportTraceServiceRequest(
+                resource_spans=[
+                    ResourceSpans(
+                        scope_spans=[
+                            ScopeSpans(
+                                spans=[
+                                    Span(trace_id=good_tid, span_id=b"\x01" * 8, name="good"),
+                                    Span(trace_id=bytes(16), span_id=b"\x02" * 8, name="bad"),
+                                ]
+                            )
+                        ]
+                    )
+                ]
+            )
+            async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
+                stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
+                response = await stub.Export(request, timeout=10)
+            assert response.partial_success.rejected_spans == 1
+            assert "invalid" in response.partial_success.error_message
+        finally:
+            await sidecar.shutdown()
+            await sidecar.shutdown()  # idempotent
+
+    records = await read_records(kafka_bootstrap, topics.spans, len(traces) + 1)
+    by_key = {r.key.decode(): r for r in records}
+    assert set(by_key) == {*traces, good_tid.hex()}
+    good = ExportTraceServiceRequest.FromString(by_key.pop(good_tid.hex()).value)
+    assert [s.name for s in spans_of(good)] == ["good"]
+    check_span_records(list(by_key.values()), traces)
+    assert sidecar.rejected_spans == 1
+
+
+async def test_sidecar_refuses_calls_without_the_bearer_token(
+    kafka_bootstrap: str, topics: TopicsConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = f"s3cret-{uuid.uuid4().hex}"
+    spans, traces = captured_spans()
+    sidecar = create_sidecar(sidecar_config(kafka_bootstrap, topics, "TW_IT_TOKEN"), env={"TW_IT_TOKEN": token})
+    assert sidecar.auth_required
+    span = Span(trace_id=b"\x07" * 16, span_id=b"\x01" * 8)
+    request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])])
+    with caplog.at_level(logging.DEBUG):
+        async with asyncio.timeout(TIMEOUT_S):
+            await sidecar.start()
+            try:
+                async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
+                    stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
+                    for metadata in [(), (("authorization", "Bearer wrong"),), (("authorization", token),)]:
+                        with pytest.raises(grpc.aio.AioRpcError) as info:
+                            await stub.Export(request, metadata=metadata, timeout=10)
+                        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+                refused = OTLPSpanExporter(endpoint=sidecar.endpoint, insecure=True, timeout=5)
+                try:
+                    assert await asyncio.to_thread(refused.export, spans) is SpanExportResult.FAILURE
+                finally:
+                    await asyncio.to_thread(refused.shutdown)
+
+                allowed = OTLPSpanExporter(
+                    endpoint=sidecar.endpoint, insecure=True, timeout=10, headers={"authorization": f"Bearer {token}"}
+                )
+                try:
+                    assert await asyncio.to_thread(allowed.export, spans) is SpanExportResult.SUCCESS
+                finally:
+                    await asyncio.to_thread(allowed.shutdown)
+            finally:
+                await sidecar.shutdown()
+    # Only the authorized export reached Kafka.
+    records = await read_records(kafka_bootstrap, topics.spans, len(traces))
+    assert sorted(r.key.decode() for r in records) == sorted(traces)
+    assert token not in caplog.text
+    assert any("refused" in r.getMessage() for r in caplog.records)
+
+
+async def test_run_sidecar_serves_until_cancelled(kafka_bootstrap: str, topics: TopicsConfig) -> None:
+    spans, traces = captured_spans()
+    started: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        run_sidecar(sidecar_config(kafka_bootstrap, topics), env={}, on_started=started.set_result)
+    )
+    async with asyncio.timeout(TIMEOUT_S):
+        receiver = await asyncio.shield(started)
+        otlp = OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=10)
+        try:
+            assert await asyncio.to_thread(otlp.export, spans) is SpanExportResult.SUCCESS
+        finally:
+            await asyncio.to_thread(otlp.shutdown)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert not receiver.running
+    with pytest.raises(OSError):  # the port is closed
+        socket.create_connection(("127.0.0.1", receiver.port), timeout=5).close()
+    records = await read_records(kafka_bootstrap, topics.spans, len(traces))
+    assert sorted(r.key.decode() for r in records) == sorted(traces)
