@@ -1,0 +1,37 @@
+{{/*
+The Kafka ACLs toolwitness relies on, as one list that the ACL ConfigMap and NOTES.txt
+both render. Each entry: principal, resourceType (topic|group), name, operations, why.
+The control topic gets Write for the control-plane principal and for nobody else: the
+agent under test produces its own spans and must never be able to register
+expectations or declare completion for itself.
+*/}}
+{{- define "toolwitness.kafkaAcls" -}}
+{{- $t := .Values.config.kafka.topics }}
+{{- $a := .Values.kafkaAcls }}
+{{- $acls := list }}
+{{- $acls = append $acls (dict "principal" $a.controlPlanePrincipal "resourceType" "topic" "name" $t.control "operations" (list "Write" "Describe") "why" "the control plane is the only writer of expectations and completion markers") }}
+{{- range $a.spanProducerPrincipals }}
+{{- $acls = append $acls (dict "principal" . "resourceType" "topic" "name" $t.spans "operations" (list "Write" "Describe") "why" "span producers write OTLP span batches and nothing else") }}
+{{- end }}
+{{- $acls = append $acls (dict "principal" $a.servicePrincipal "resourceType" "topic" "name" $t.spans "operations" (list "Read" "Describe") "why" "the scorer consumes spans") }}
+{{- $acls = append $acls (dict "principal" $a.servicePrincipal "resourceType" "topic" "name" $t.control "operations" (list "Read" "Describe") "why" "the scorer consumes control messages (read only)") }}
+{{- $acls = append $acls (dict "principal" $a.servicePrincipal "resourceType" "group" "name" .Values.config.kafka.group_id "operations" (list "Read" "Describe") "why" "the scorer's consumer group") }}
+{{- range (list $t.scores $t.observations $t.dlq) }}
+{{- $acls = append $acls (dict "principal" $a.servicePrincipal "resourceType" "topic" "name" . "operations" (list "Write" "Describe") "why" "the scorer publishes here") }}
+{{- end }}
+{{- range $p := $a.scoreConsumerPrincipals }}
+{{- range (list $t.scores $t.observations) }}
+{{- $acls = append $acls (dict "principal" $p "resourceType" "topic" "name" . "operations" (list "Read" "Describe") "why" "downstream readers of verdicts") }}
+{{- end }}
+{{- end }}
+{{- toYaml $acls }}
+{{- end }}
+
+{{/* The ACL list as kafka-acls.sh commands. */}}
+{{- define "toolwitness.kafkaAclCommands" -}}
+{{- $acls := include "toolwitness.kafkaAcls" . | fromYamlArray }}
+{{- range $acls }}
+# {{ .why }}
+kafka-acls.sh --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal {{ .principal | quote }}{{ range .operations }} --operation {{ . }}{{ end }} --{{ .resourceType }} {{ .name | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,347 @@
+{{/*
+Names, labels and the fixed contract of the toolwitness service (paths, env var
+names, mount points), plus the fail-fast checks. Everything a template needs to agree
+on with the service lives here, once.
+*/}}
+
+{{- define "toolwitness.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "toolwitness.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the sidecar's resources. */}}
+{{- define "toolwitness.sidecarName" -}}
+{{- printf "%s-sidecar" (include "toolwitness.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "toolwitness.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels common to every resource. */}}
+{{- define "toolwitness.labels" -}}
+helm.sh/chart: {{ include "toolwitness.chart" . }}
+app.kubernetes.io/name: {{ include "toolwitness.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: toolwitness
+{{- end }}
+
+{{/* Selector labels of the scorer pods (the consumer group members). */}}
+{{- define "toolwitness.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "toolwitness.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: scorer
+{{- end }}
+
+{{/* Selector labels of the OTLP sidecar pods. */}}
+{{- define "toolwitness.sidecarSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "toolwitness.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: sidecar
+{{- end }}
+
+{{- define "toolwitness.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "toolwitness.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Image reference: digest wins over tag; the tag defaults to appVersion. */}}
+{{- define "toolwitness.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The service's fixed contract. The admin server serves these paths on config.admin.port;
+they are not configurable in the service, so they are not values either.
+*/}}
+{{- define "toolwitness.livenessPath" -}}/healthz{{- end }}
+{{- define "toolwitness.readinessPath" -}}/readyz{{- end }}
+{{- define "toolwitness.metricsPath" -}}/metrics{{- end }}
+{{- define "toolwitness.configPath" -}}/etc/toolwitness/config.yaml{{- end }}
+{{- define "toolwitness.kafkaTlsDir" -}}/etc/toolwitness/kafka-tls{{- end }}
+{{- define "toolwitness.saslUsernameEnv" -}}TOOLWITNESS_KAFKA_SASL_USERNAME{{- end }}
+{{- define "toolwitness.saslPasswordEnv" -}}TOOLWITNESS_KAFKA_SASL_PASSWORD{{- end }}
+{{- define "toolwitness.redisPasswordEnv" -}}TOOLWITNESS_REDIS_PASSWORD{{- end }}
+
+{{/* True ("true") when the Kafka protocol uses SASL / TLS. */}}
+{{- define "toolwitness.kafkaSasl" -}}
+{{- if has .Values.config.kafka.security.protocol (list "SASL_PLAINTEXT" "SASL_SSL") }}true{{- end }}
+{{- end }}
+{{- define "toolwitness.kafkaTls" -}}
+{{- if has .Values.config.kafka.security.protocol (list "SSL" "SASL_SSL") }}true{{- end }}
+{{- end }}
+
+{{/* Path of a Kafka TLS file inside the pod, or "" when that key is not configured. */}}
+{{- define "toolwitness.kafkaTlsFile" -}}
+{{- $root := index . 0 }}
+{{- $key := index . 1 }}
+{{- $file := index . 2 }}
+{{- if and $root.Values.secrets.kafkaTls.existingSecret $key }}
+{{- printf "%s/%s" (include "toolwitness.kafkaTlsDir" $root) $file }}
+{{- end }}
+{{- end }}
+
+{{/*
+Hardened security contexts, identical for every container of this chart and not
+overridable: the image is built for them (non-root uid 10001, writes only to /tmp).
+*/}}
+{{- define "toolwitness.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.podSecurityContext.runAsUser }}
+runAsGroup: {{ .Values.podSecurityContext.runAsGroup }}
+fsGroup: {{ .Values.podSecurityContext.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "toolwitness.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.podSecurityContext.runAsUser }}
+runAsGroup: {{ .Values.podSecurityContext.runAsGroup }}
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Container resources, omitting empty quantities. */}}
+{{- define "toolwitness.resources" -}}
+{{- $requests := dict }}
+{{- range $k, $v := .requests }}{{- if $v }}{{- $_ := set $requests $k $v }}{{- end }}{{- end }}
+{{- $limits := dict }}
+{{- range $k, $v := .limits }}{{- if $v }}{{- $_ := set $limits $k $v }}{{- end }}{{- end }}
+{{- if $requests }}
+requests:
+  {{- toYaml $requests | nindent 2 }}
+{{- end }}
+{{- if $limits }}
+limits:
+  {{- toYaml $limits | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment from Secrets (references only). The sidecar only talks to Kafka, so it gets
+the Kafka part alone; the scorer gets both.
+*/}}
+{{- define "toolwitness.secretEnv" -}}
+{{- include "toolwitness.kafkaSecretEnv" . }}
+{{- include "toolwitness.redisSecretEnv" . }}
+{{- end }}
+
+{{- define "toolwitness.kafkaSecretEnv" -}}
+{{- if include "toolwitness.kafkaSasl" . }}
+- name: {{ include "toolwitness.saslUsernameEnv" . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secrets.kafkaSasl.existingSecret }}
+      key: {{ .Values.secrets.kafkaSasl.usernameKey }}
+- name: {{ include "toolwitness.saslPasswordEnv" . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secrets.kafkaSasl.existingSecret }}
+      key: {{ .Values.secrets.kafkaSasl.passwordKey }}
+{{- end }}
+{{- end }}
+
+{{- define "toolwitness.redisSecretEnv" -}}
+{{- if .Values.secrets.redis.existingSecret }}
+- name: {{ include "toolwitness.redisPasswordEnv" . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.secrets.redis.existingSecret }}
+      key: {{ .Values.secrets.redis.passwordKey }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes shared by the scorer and the sidecar: config, /tmp, Kafka TLS files. */}}
+{{- define "toolwitness.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "toolwitness.fullname" . }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpVolume.sizeLimit }}
+{{- with .Values.secrets.kafkaTls }}
+{{- if .existingSecret }}
+- name: kafka-tls
+  secret:
+    secretName: {{ .existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- if .caKey }}
+      - key: {{ .caKey }}
+        path: ca.crt
+      {{- end }}
+      {{- if .certKey }}
+      - key: {{ .certKey }}
+        path: tls.crt
+      - key: {{ .keyKey }}
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "toolwitness.volumeMounts" -}}
+# A single file, so that the Kafka TLS directory can sit beside it under
+# /etc/toolwitness; config changes roll the pods (checksum/config) instead of
+# relying on ConfigMap volume updates, which subPath mounts do not receive.
+- name: config
+  mountPath: {{ include "toolwitness.configPath" . }}
+  subPath: config.yaml
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.secrets.kafkaTls.existingSecret }}
+- name: kafka-tls
+  mountPath: {{ include "toolwitness.kafkaTlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* A NetworkPolicy egress rule from {ports, namespaces, podLabels, cidrs}. */}}
+{{- define "toolwitness.egressRule" -}}
+- ports:
+    {{- range .ports }}
+    - protocol: TCP
+      port: {{ . }}
+    {{- end }}
+  {{- if or .namespaces .podLabels .cidrs }}
+  to:
+    {{- if .namespaces }}
+    - namespaceSelector:
+        matchExpressions:
+          - key: kubernetes.io/metadata.name
+            operator: In
+            values:
+              {{- toYaml .namespaces | nindent 14 }}
+      {{- if .podLabels }}
+      podSelector:
+        matchLabels:
+          {{- toYaml .podLabels | nindent 10 }}
+      {{- end }}
+    {{- else if .podLabels }}
+    - podSelector:
+        matchLabels:
+          {{- toYaml .podLabels | nindent 10 }}
+    {{- end }}
+    {{- range .cidrs }}
+    - ipBlock:
+        cidr: {{ . }}
+    {{- end }}
+  {{- end }}
+{{- end }}
+
+{{/* Egress to DNS (UDP and TCP 53). */}}
+{{- define "toolwitness.dnsEgressRule" -}}
+{{- with .Values.networkPolicy.egress.dns }}
+{{- if .enabled }}
+- ports:
+    - protocol: UDP
+      port: 53
+    - protocol: TCP
+      port: 53
+  to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ .namespace }}
+      {{- if .podLabels }}
+      podSelector:
+        matchLabels:
+          {{- toYaml .podLabels | nindent 10 }}
+      {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fail-fast checks of combinations the schema cannot express. Included by the ConfigMap
+(so `helm template` and `helm lint` stop on them) and by NOTES.txt.
+*/}}
+{{- define "toolwitness.validate" -}}
+{{- $v := .Values }}
+{{- $sec := $v.config.kafka.security }}
+{{- if and (not $v.autoscaling.enabled) (lt (int $v.replicaCount) 1) }}
+{{- fail "replicaCount must be at least 1: with 0 consumer-group members nothing consumes the spans topic and deadlines never fire (uninstall instead, or enable autoscaling)" }}
+{{- end }}
+{{- if $v.autoscaling.enabled }}
+{{- if lt (int $v.autoscaling.minReplicas) 1 }}
+{{- fail "autoscaling.minReplicas must be at least 1" }}
+{{- end }}
+{{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) }}
+{{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
+{{- end }}
+{{- if and (eq (int $v.autoscaling.targetCPUUtilizationPercentage) 0) (not $v.autoscaling.kafkaLag.enabled) }}
+{{- fail "autoscaling needs a metric: set autoscaling.targetCPUUtilizationPercentage > 0 or enable autoscaling.kafkaLag" }}
+{{- end }}
+{{- end }}
+{{- if include "toolwitness.kafkaSasl" . }}
+{{- if not $v.secrets.kafkaSasl.existingSecret }}
+{{- fail (printf "config.kafka.security.protocol is %s: set secrets.kafkaSasl.existingSecret to the Secret holding the SASL username and password (the chart never takes credentials as values)" $sec.protocol) }}
+{{- end }}
+{{- if not $sec.sasl_mechanism }}
+{{- fail (printf "config.kafka.security.protocol is %s: set config.kafka.security.sasl_mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)" $sec.protocol) }}
+{{- end }}
+{{- else if $sec.sasl_mechanism }}
+{{- fail (printf "config.kafka.security.sasl_mechanism is set but protocol %s does not use SASL: use SASL_PLAINTEXT or SASL_SSL, or clear the mechanism" $sec.protocol) }}
+{{- else if $v.secrets.kafkaSasl.existingSecret }}
+{{- fail (printf "secrets.kafkaSasl.existingSecret is set but protocol %s does not use SASL" $sec.protocol) }}
+{{- end }}
+{{- with $v.secrets.kafkaTls }}
+{{- if and .existingSecret (not (include "toolwitness.kafkaTls" $)) }}
+{{- fail (printf "secrets.kafkaTls.existingSecret is set but protocol %s does not use TLS: use SSL or SASL_SSL" $sec.protocol) }}
+{{- end }}
+{{- if ne (empty .certKey) (empty .keyKey) }}
+{{- fail "secrets.kafkaTls.certKey and secrets.kafkaTls.keyKey go together (mutual TLS needs both)" }}
+{{- end }}
+{{- if and (or .certKey .keyKey) (not .existingSecret) }}
+{{- fail "secrets.kafkaTls.certKey/keyKey need secrets.kafkaTls.existingSecret" }}
+{{- end }}
+{{- if and .existingSecret (not .caKey) (not .certKey) }}
+{{- fail "secrets.kafkaTls.existingSecret is set but names no key: set caKey and/or certKey+keyKey" }}
+{{- end }}
+{{- end }}
+{{- if regexMatch "^rediss?://[^/@]*@" $v.config.redis.url }}
+{{- fail "config.redis.url must not carry credentials: put the password in a Secret and set secrets.redis.existingSecret" }}
+{{- end }}
+{{- if and $v.serviceMonitor.enabled (not $v.service.enabled) }}
+{{- fail "serviceMonitor.enabled needs service.enabled (the ServiceMonitor scrapes the Service's admin port)" }}
+{{- end }}
+{{- if and $v.sidecar.enabled (eq (int $v.sidecar.port) (int $v.config.admin.port)) }}
+{{- fail "sidecar.port must differ from config.admin.port" }}
+{{- end }}
+{{- if and $v.podDisruptionBudget.enabled (not $v.autoscaling.enabled) (ge (int $v.podDisruptionBudget.maxUnavailable) (int $v.replicaCount)) (gt (int $v.replicaCount) 1) }}
+{{- fail "podDisruptionBudget.maxUnavailable must be lower than replicaCount, or a drain may stop every consumer at once" }}
+{{- end }}
+{{- range $v.extraEnv }}
+{{- if hasPrefix "TOOLWITNESS_" .name }}
+{{- fail (printf "extraEnv %s: TOOLWITNESS_* variables override the service config; set the value under config: instead" .name) }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,527 @@
+"""The Helm chart under deploy/helm/toolwitness, checked with the real (pinned) helm.
+
+What is pinned here: lint --strict passes; the checked-in rendered examples are what helm
+renders now; the schema rejects unknown keys; the ConfigMap carries exactly the service
+config contract and the service's own validator accepts it; probes, Service and
+ServiceMonitor agree with the admin port in that ConfigMap; every Deployment is hardened;
+the fail-fast checks fire; the Kafka ACLs keep the control topic to the control plane.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from collector.config import load_config
+from collector.processors.decide import Decider
+from tests.unit.deploy.helpers import CHART, EXAMPLES, RELEASE, Helm, example_names, parse_docs
+
+EXAMPLE_NAMES = example_names()
+
+#: The service config contract, defaults included. The chart's default ConfigMap must
+#: render exactly this (same keys, same values).
+CONTRACT = yaml.safe_load(
+    """
+tenant: {default: default, header: toolwitness-tenant, resource_attribute: toolwitness.tenant}
+kafka:
+  bootstrap_servers: "kafka:9092"
+  group_id: toolwitness
+  client_id: toolwitness
+  encoding: otlp_proto
+  output_format: protobuf
+  topics: {spans: otlp_spans, control: toolwitness.control, scores: toolwitness.scores,
+           observations: toolwitness.observations, dlq: toolwitness.dlq}
+  max_record_bytes: 4194304
+  security:
+    protocol: PLAINTEXT
+    sasl_mechanism: ""
+    sasl_username_env: TOOLWITNESS_KAFKA_SASL_USERNAME
+    sasl_password_env: TOOLWITNESS_KAFKA_SASL_PASSWORD
+    ssl_cafile: ""
+    ssl_certfile: ""
+    ssl_keyfile: ""
+redis:
+  url: "redis://redis:6379/0"
+  password_env: TOOLWITNESS_REDIS_PASSWORD
+  state_ttl_seconds: 86400
+completion:
+  mode: marker
+  allowed_lateness_ms: 2000
+  max_out_of_orderness_ms: 1000
+  idle_partition_ms: 10000
+  default_deadline_seconds: 300
+  sweep_interval_ms: 250
+limits: {max_spans_per_trace: 10000, max_attributes_per_span: 1024, max_tool_executions_per_trace: 1000}
+scorers:
+  tools: {type: otel_tool_call}
+admin: {host: 0.0.0.0, port: 8888}
+log_level: INFO
+"""
+)
+
+#: Fixed by the service: the admin server's paths.
+LIVENESS_PATH, READINESS_PATH, METRICS_PATH = "/healthz", "/readyz", "/metrics"
+
+
+def example_values(name: str) -> Path:
+    return EXAMPLES / name / "values.yaml"
+
+
+def kinds(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str = RELEASE) -> dict[str, Any]:
+    found = [d for d in kinds(docs, kind) if d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def service_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The config.yaml the scorer reads, parsed from the rendered ConfigMap."""
+    cfg: dict[str, Any] = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
+    return cfg
+
+
+def key_paths(tree: Any, prefix: str = "") -> set[str]:
+    if not isinstance(tree, dict):
+        return {prefix}
+    out: set[str] = set()
+    for k, v in tree.items():
+        out |= key_paths(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: Helm) -> dict[str, list[dict[str, Any]]]:
+    """Every example rendered now, parsed."""
+    return {name: helm.render_docs([example_values(name)]) for name in EXAMPLE_NAMES}
+
+
+# --------------------------------------------------------------------------- lint/render
+
+
+def test_examples_cover_the_required_scenarios() -> None:
+    assert {"default", "sasl-tls", "autoscaling"} <= set(EXAMPLE_NAMES)
+
+
+def test_lint_strict_defaults(helm: Helm) -> None:
+    proc = helm.run("lint", "--strict", str(CHART))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_lint_strict_example(helm: Helm, name: str) -> None:
+    proc = helm.run("lint", "--strict", str(CHART), "-f", str(example_values(name)), "--namespace", "toolwitness")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_rendered_example_is_up_to_date(helm: Helm, name: str) -> None:
+    checked_in = (EXAMPLES / name / "rendered.yaml").read_text()
+    assert helm.render([example_values(name)]) == checked_in, (
+        f"deploy/helm/examples/{name}/rendered.yaml is stale: run `make helm-render` and commit it"
+    )
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize(
+    "unknown",
+    [
+        "replicas: 3\n",  # top level (the real key is replicaCount)
+        "config:\n  kafka:\n    bootstrap: kafka:9092\n",  # nested in the service config
+        "config:\n  scorers:\n    tools:\n      type: otel_tool_call\n      weight: 2\n",  # inside a scorer tree
+        "networkPolicy:\n  egress:\n    kafka:\n      port: 9092\n",  # deep in a chart section
+        "secrets:\n  kafkaSasl:\n    password: hunter2\n",  # a secret value where only refs belong
+    ],
+)
+def test_unknown_key_fails_template_and_lint(helm: Helm, tmp_path: Path, unknown: str) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(unknown)
+    template = helm.template([values])
+    assert template.returncode != 0, "helm template accepted an unknown key"
+    assert "additional properties" in template.stderr
+    lint = helm.run("lint", "--strict", str(CHART), "-f", str(values))
+    assert lint.returncode != 0, "helm lint accepted an unknown key"
+
+
+def test_schema_closes_every_object() -> None:
+    """additionalProperties: false on every object with fixed keys; maps are typed."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    # Kubernetes objects passed through as written (validated by the API server).
+    passthrough = {
+        "/properties/global",
+        "/properties/affinity/properties/nodeAffinity",
+        "/properties/affinity/properties/podAffinity",
+        "/properties/affinity/properties/podAntiAffinity",
+    }
+    problems: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and path not in passthrough:
+                extra = node.get("additionalProperties")
+                if "properties" in node and extra is not False:
+                    problems.append(f"{path}: has properties but additionalProperties is {extra!r}")
+                if "properties" not in node and not isinstance(extra, dict):
+                    problems.append(f"{path}: open map without a typed additionalProperties")
+            for k, v in node.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}/{i}")
+
+    walk(schema, "")
+    assert not problems, "\n".join(problems)
+    assert schema["additionalProperties"] is False
+
+
+def test_every_values_key_is_commented() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    key = re.compile(r"^\s*(- )?[A-Za-z_][A-Za-z0-9_.-]*:(\s|$)")
+    bare = [
+        f"{i + 1}: {line}"
+        for i, line in enumerate(lines)
+        if key.match(line) and not (i and lines[i - 1].strip().startswith("#"))
+    ]
+    assert not bare, "values.yaml keys without a comment above them:\n" + "\n".join(bare)
+
+
+def test_no_secret_material_in_values_or_output(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in key_paths(values):
+        leaf = path.rsplit(".", 1)[-1].lower()
+        assert leaf not in {"password", "username", "token", "key", "cert"}, f"values.yaml holds a secret: {path}"
+    for name, docs in rendered.items():
+        assert not kinds(docs, "Secret"), f"{name}: the chart must never create Secrets"
+
+
+# --------------------------------------------------------------------------- config contract
+
+
+def test_default_configmap_is_exactly_the_contract(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    cfg = service_config(rendered["default"])
+    assert key_paths(cfg) == key_paths(CONTRACT)
+    assert cfg == CONTRACT
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_configmap_has_contract_keys_and_loads_in_the_service(
+    rendered: dict[str, list[dict[str, Any]]], name: str, tmp_path: Path
+) -> None:
+    cfg = service_config(rendered[name])
+    # Scorer trees are user-defined; every other key is the contract's, no more, no less.
+    strip = {k: v for k, v in cfg.items() if k != "scorers"}
+    assert key_paths(strip) == {p for p in key_paths(CONTRACT) if not p.startswith("scorers.")}
+    path = tmp_path / "config.yaml"
+    path.write_text(one(rendered[name], "ConfigMap")["data"]["config.yaml"])
+    loaded = load_config(path, env={})  # the service's own validator: unknown keys fail
+    assert loaded.admin.port == cfg["admin"]["port"]
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_service_builds_every_scorer_tree_of_the_rendered_config(
+    rendered: dict[str, list[dict[str, Any]]], name: str, tmp_path: Path
+) -> None:
+    """What `toolwitness validate-config` checks: the config loads and every scorer tree builds."""
+    path = tmp_path / "config.yaml"
+    path.write_text(one(rendered[name], "ConfigMap")["data"]["config.yaml"])
+    decider = Decider(load_config(path, env={}))
+    assert set(decider.trees) == set(service_config(rendered[name])["scorers"])
+
+
+def test_pods_run_the_documented_commands(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["sidecar"]
+    config_path = "/etc/toolwitness/config.yaml"
+    scorer = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert scorer["args"] == ["run", "--config", config_path]
+    sidecar = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["containers"][0]
+    assert sidecar["args"] == ["sidecar", "--listen", "0.0.0.0:4317", "--config", config_path]
+    mounts = {m["mountPath"]: m for m in scorer["volumeMounts"]} | {m["mountPath"]: m for m in sidecar["volumeMounts"]}
+    assert mounts[config_path]["subPath"] == "config.yaml"
+
+
+def test_checksum_annotation_follows_the_config(helm: Helm) -> None:
+    def checksum(*sets: str) -> str:
+        dep = one(helm.render_docs(sets=sets), "Deployment")
+        value: str = dep["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        return value
+
+    base = checksum()
+    assert re.fullmatch(r"[0-9a-f]{64}", base)
+    assert checksum() == base
+    assert checksum("config.log_level=DEBUG") != base
+    assert checksum("replicaCount=3") == base  # not a config change: no restart
+
+
+def test_tls_and_secret_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["sasl-tls"]
+    cfg = service_config(docs)
+    sec = cfg["kafka"]["security"]
+    assert sec["protocol"] == "SASL_SSL"
+    assert sec["ssl_cafile"] == "/etc/toolwitness/kafka-tls/ca.crt"
+    assert sec["ssl_certfile"] == sec["ssl_keyfile"] == ""
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    for var, (secret, key) in {
+        sec["sasl_username_env"]: ("toolwitness-kafka-sasl", "username"),
+        sec["sasl_password_env"]: ("toolwitness-kafka-sasl", "password"),
+        cfg["redis"]["password_env"]: ("toolwitness-redis", "redis-password"),
+    }.items():
+        assert env[var]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
+        assert "value" not in env[var]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kafka-tls"]["mountPath"] == str(Path(sec["ssl_cafile"]).parent)
+    assert mounts["kafka-tls"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["kafka-tls"]["secret"]["secretName"] == "toolwitness-kafka-ca"
+    assert {i["path"] for i in volumes["kafka-tls"]["secret"]["items"]} == {"ca.crt"}
+    # mutual TLS example: cert and key files appear in both the config and the mount
+    sidecar_cfg = service_config(rendered["sidecar"])["kafka"]["security"]
+    assert sidecar_cfg["ssl_certfile"].endswith("/tls.crt")
+    assert sidecar_cfg["ssl_keyfile"].endswith("/tls.key")
+
+
+# --------------------------------------------------------------------------- probes & metrics
+
+
+def check_admin_wiring(docs: list[dict[str, Any]]) -> int:
+    """Assert every consumer of the admin port uses the port in the rendered config; return it."""
+    cfg = service_config(docs)
+    port = cfg["admin"]["port"]
+    assert cfg["admin"]["host"] == "0.0.0.0", "probes from the kubelet need a non-loopback bind"
+
+    scorer = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in scorer["ports"]}
+    assert ports["admin"] == port
+
+    def probe_port(probe: dict[str, Any]) -> int:
+        p = probe["httpGet"]["port"]
+        return ports[p] if isinstance(p, str) else int(p)
+
+    assert scorer["livenessProbe"]["httpGet"]["path"] == LIVENESS_PATH
+    assert probe_port(scorer["livenessProbe"]) == port
+    assert scorer["readinessProbe"]["httpGet"]["path"] == READINESS_PATH
+    assert probe_port(scorer["readinessProbe"]) == port
+
+    svc = one(docs, "Service")
+    svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert svc_ports["admin"]["port"] == port
+    assert svc_ports["admin"]["targetPort"] in ("admin", port)
+
+    for sm in kinds(docs, "ServiceMonitor"):
+        assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+        (endpoint,) = sm["spec"]["endpoints"]
+        assert endpoint["port"] == "admin"
+        assert endpoint["path"] == METRICS_PATH
+        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+    netpol = one(docs, "NetworkPolicy")
+    for rule in netpol["spec"].get("ingress") or []:
+        assert [p["port"] for p in rule["ports"]] == [port], "ingress must be the admin port only"
+    return int(port)
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_probes_service_and_servicemonitor_match_the_config(
+    rendered: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    assert check_admin_wiring(rendered[name]) == CONTRACT["admin"]["port"]
+
+
+def test_changing_the_admin_port_moves_every_consumer(helm: Helm) -> None:
+    docs = helm.render_docs(sets=["config.admin.port=9464", "serviceMonitor.enabled=true"])
+    assert check_admin_wiring(docs) == 9464
+
+
+# --------------------------------------------------------------------------- security
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_every_deployment_is_hardened(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    deployments = kinds(rendered[name], "Deployment")
+    assert deployments
+    for dep in deployments:
+        pod = dep["spec"]["template"]["spec"]
+        where = f"{name}/{dep['metadata']['name']}"
+        psc = pod["securityContext"]
+        assert psc["runAsNonRoot"] is True, where
+        assert psc["runAsUser"] == 10001, where
+        assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert pod["automountServiceAccountToken"] is False, where
+        assert pod["enableServiceLinks"] is False, where
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True, where
+            assert sc["runAsUser"] == 10001, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc.get("privileged", False) is False, where
+            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            tmp = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+            assert len(tmp) == 1 and "emptyDir" in volumes[tmp[0]["name"]], f"{where}: /tmp must be an emptyDir"
+
+
+def test_security_context_cannot_be_weakened(helm: Helm, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text("podSecurityContext:\n  runAsUser: 0\n")
+    assert helm.template([values]).returncode != 0
+    values.write_text("securityContext:\n  privileged: true\n")
+    assert helm.template([values]).returncode != 0
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def test_default_is_a_fixed_consumer_group_with_pdb(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["default"]
+    assert one(docs, "Deployment")["spec"]["replicas"] == 2
+    assert not kinds(docs, "HorizontalPodAutoscaler")
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == one(docs, "Deployment")["spec"]["selector"]
+
+
+def test_autoscaling_example_scales_on_cpu_and_kafka_lag(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["autoscaling"]
+    assert "replicas" not in one(docs, "Deployment")["spec"], "the HPA owns the replica count"
+    hpa = one(docs, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": RELEASE}
+    metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert metrics["Resource"]["resource"]["name"] == "cpu"
+    external = metrics["External"]["external"]
+    assert external["metric"]["name"] == "kafka_consumergroup_lag"
+    cfg = service_config(docs)
+    assert external["metric"]["selector"]["matchLabels"] == {
+        "consumergroup": cfg["kafka"]["group_id"],
+        "topic": cfg["kafka"]["topics"]["spans"],
+    }
+    assert external["target"]["type"] == "AverageValue"
+
+
+# --------------------------------------------------------------------------- network
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_network_policy_allows_only_kafka_redis_dns_egress(
+    rendered: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    docs = rendered[name]
+    values = yaml.safe_load(example_values(name).read_text()) or {}
+    egress_values = values.get("networkPolicy", {}).get("egress", {})
+    kafka_ports = set(egress_values.get("kafka", {}).get("ports", [9092]))
+    redis_ports = set(egress_values.get("redis", {}).get("ports", [6379]))
+    netpol = one(docs, "NetworkPolicy")
+    assert netpol["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    allowed = {(p.get("protocol", "TCP"), p["port"]) for rule in netpol["spec"]["egress"] for p in rule["ports"]}
+    expected = {("TCP", p) for p in kafka_ports | redis_ports} | {("UDP", 53), ("TCP", 53)}
+    assert allowed == expected
+
+
+def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert one(rendered["default"], "NetworkPolicy")["spec"]["ingress"] == []
+    (rule,) = one(rendered["sasl-tls"], "NetworkPolicy")["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert peer["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}
+    ]
+
+
+# --------------------------------------------------------------------------- fail-fast
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["replicaCount=0"], "replicaCount must be at least 1"),
+        (
+            ["config.kafka.security.protocol=SASL_SSL", "config.kafka.security.sasl_mechanism=SCRAM-SHA-512"],
+            "set secrets.kafkaSasl.existingSecret",
+        ),
+        (
+            ["config.kafka.security.protocol=SASL_PLAINTEXT", "secrets.kafkaSasl.existingSecret=s"],
+            "set config.kafka.security.sasl_mechanism",
+        ),
+        (["config.kafka.security.sasl_mechanism=PLAIN"], "does not use SASL"),
+        (["secrets.kafkaTls.existingSecret=tls"], "does not use TLS"),
+        (
+            ["config.kafka.security.protocol=SSL", "secrets.kafkaTls.existingSecret=t", "secrets.kafkaTls.certKey=c"],
+            "certKey and secrets.kafkaTls.keyKey go together",
+        ),
+        (["config.redis.url=redis://:hunter2@redis:6379/0"], "must not carry credentials"),
+        (["serviceMonitor.enabled=true", "service.enabled=false"], "needs service.enabled"),
+        (
+            ["autoscaling.enabled=true", "autoscaling.minReplicas=4", "autoscaling.maxReplicas=2"],
+            "must not exceed autoscaling.maxReplicas",
+        ),
+        (["podDisruptionBudget.maxUnavailable=2"], "maxUnavailable must be lower than replicaCount"),
+        (["sidecar.enabled=true", "sidecar.port=8888"], "sidecar.port must differ"),
+    ],
+)
+def test_fail_fast_checks(helm: Helm, sets: list[str], message: str) -> None:
+    proc = helm.template(sets=sets)
+    assert proc.returncode != 0, f"helm template accepted {sets}"
+    assert message in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- Kafka ACLs
+
+
+def acl_entries(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = yaml.safe_load(one(docs, "ConfigMap", f"{RELEASE}-kafka-acls")["data"]["acls.yaml"])
+    return entries
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_control_topic_writable_only_by_the_control_plane(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    docs = rendered[name]
+    values = yaml.safe_load(example_values(name).read_text()) or {}
+    acl_values = {
+        "controlPlanePrincipal": "User:toolwitness-control-plane",
+        "spanProducerPrincipals": ["User:toolwitness-span-producer"],
+        **values.get("kafkaAcls", {}),
+    }
+    topics = service_config(docs)["kafka"]["topics"]
+    acls = acl_entries(docs)
+    writers: dict[str, set[str]] = {}
+    for acl in acls:
+        if acl["resourceType"] == "topic" and "Write" in acl["operations"]:
+            writers.setdefault(acl["name"], set()).add(acl["principal"])
+    assert writers[topics["control"]] == {acl_values["controlPlanePrincipal"]}
+    for producer in acl_values["spanProducerPrincipals"]:
+        granted = {(a["resourceType"], a["name"]) for a in acls if a["principal"] == producer}
+        assert granted == {("topic", topics["spans"])}, f"{producer} may write only the spans topic"
+        assert all(a["operations"] == ["Write", "Describe"] for a in acls if a["principal"] == producer)
+    script = one(docs, "ConfigMap", f"{RELEASE}-kafka-acls")["data"]["apply-acls.sh"]
+    assert script.count("kafka-acls.sh") == len(acls) + 1  # one --add per entry, plus the --list check
+
+
+def test_notes_validate_and_show_the_acls(helm: Helm, tmp_path: Path) -> None:
+    """NOTES.txt is not printed by `helm template`: render it through a probe template."""
+    chart = tmp_path / "toolwitness"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_probe.tpl").write_text('{{- define "probe.notes" -}}\n' + notes + "{{- end }}\n")
+    (chart / "templates" / "notes-probe.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-probe\n"
+        'data:\n  notes: {{ include "probe.notes" . | toJson }}\n'
+    )
+    proc = helm.template([example_values("sasl-tls")], chart=chart)
+    assert proc.returncode == 0, proc.stderr
+    text = one(parse_docs(proc.stdout), "ConfigMap", "notes-probe")["data"]["notes"]
+    assert "Only the control plane may write" in text
+    assert "User:toolwitness-control-plane: Write,Describe on topic toolwitness.control" in text
+    assert "/healthz" in text and "/readyz" in text and "/metrics" in text
