@@ -252,6 +252,8 @@ async def evaluate_traces_async(
     """
     if num_scorer_trials < 1 or max_concurrency < 1:
         raise ValueError("num_scorer_trials and max_concurrency must be >= 1")
+    if not dataset.cases:
+        raise ValueError(f"labeled-trace dataset {dataset.name!r} has no cases")
     semaphore = asyncio.Semaphore(max_concurrency)
 
     async def one(case: LabeledTrace) -> TraceVerdict:
