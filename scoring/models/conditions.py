@@ -48,6 +48,13 @@ class ArgumentMatcher(_Frozen):
                 raise ValueError(f"invalid regex {self.regex!r}: {exc}") from exc
         if not self.path.startswith("$"):
             raise ValueError(f"JSONPath must start with '$', got {self.path!r}")
+        # Reject paths the judge cannot evaluate now, not with a crash at judging time.
+        from scoring.verdict.jsonpath import JsonPathError, compile_path  # lazy: scoring.verdict imports models
+
+        try:
+            compile_path(self.path)
+        except JsonPathError as exc:
+            raise ValueError(str(exc)) from exc
         return self
 
 
@@ -125,9 +132,10 @@ class ScoringExpectation(_Frozen):
 
     def only(self, types: frozenset[str]) -> ScoringExpectation:
         """The same expectation restricted to the given condition types."""
-        return ScoringExpectation(
-            conditions=tuple(c for c in self.conditions if c.type in types), objective=self.objective
-        )
+        kept = tuple(c for c in self.conditions if c.type in types)
+        if len(kept) == len(self.conditions):
+            return self
+        return ScoringExpectation.model_construct(conditions=kept, objective=self.objective)
 
     def condition_types(self) -> frozenset[str]:
         return frozenset(c.type for c in self.conditions)

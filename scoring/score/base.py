@@ -10,9 +10,11 @@ observation and never touches a trace client.
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import JsonValue
@@ -76,6 +78,15 @@ class Scorer(ABC):
         return {}
 
     def get_identifier(self) -> ScorerIdentifier:
+        """The scorer's identity (cached: a scorer's configuration does not change after construction)."""
+        cached: ScorerIdentifier | None = getattr(self, "_identifier_cache", None)
+        if cached is not None:
+            return cached
+        ident = self._build_identifier()
+        self._identifier_cache = ident
+        return ident
+
+    def _build_identifier(self) -> ScorerIdentifier:
         params = dict(self._identity_params())
         if self._categories:
             params["categories"] = list(self._categories)
@@ -85,6 +96,13 @@ class Scorer(ABC):
             params=params,
             children={k: tuple(c.get_identifier() for c in v) for k, v in self._identity_children().items()},
         )
+
+    def _identity_hash(self) -> str:
+        cached: str | None = getattr(self, "_identity_hash_cache", None)
+        if cached is None:
+            cached = self.get_identifier().hash
+            self._identity_hash_cache = cached
+        return cached
 
     # --- validation and routing ------------------------------------------------------------------
 
@@ -185,13 +203,17 @@ class Scorer(ABC):
         categories: Sequence[str] | None = None,
     ) -> Score:
         ident = self.get_identifier()
+        ident_hash = self._identity_hash()
         if value is None:
             status, text = ScoreStatus.UNDETERMINED, ""
         elif self.scorer_type == "true_false":
             status, text = ScoreStatus.COMPLETE, ("true" if value else "false")
         else:
             status, text = ScoreStatus.COMPLETE, repr(float(value))
-        return Score(
+        # Every field is built here from validated parts, so skip re-validation (hot path).
+        return Score.model_construct(
+            id=str(uuid.uuid4()),
+            timestamp=datetime.now(UTC),
             score_type=self.scorer_type,
             status=status,
             score_value=text,
@@ -201,7 +223,7 @@ class Scorer(ABC):
             scorable=scorable,
             observation_ids=tuple(dict.fromkeys(observation_ids)),
             scorer_class=ident.class_name,
-            scorer_hash=ident.hash,
+            scorer_hash=ident_hash,
             objective=expectation.objective,
             expectation=expectation if expectation.conditions else None,
         )

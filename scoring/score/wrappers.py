@@ -82,9 +82,15 @@ class TrueFalseCompositeScorer(TrueFalseScorer):
     async def _score_async(
         self, scorable: Scorable, expectation: ScoringExpectation, context: ScoringContext
     ) -> list[Score]:
-        results = await asyncio.gather(
-            *(s._score_async(scorable, self.route(s, expectation), context) for s in self._scorers)
-        )
+        if context.replay is not None:
+            # Replay never waits on I/O: awaiting children in turn avoids task overhead.
+            results = [await s._score_async(scorable, self.route(s, expectation), context) for s in self._scorers]
+        else:
+            results = list(
+                await asyncio.gather(
+                    *(s._score_async(scorable, self.route(s, expectation), context) for s in self._scorers)
+                )
+            )
         scores = [sc for s, r in zip(self._scorers, results, strict=True) if (sc := _single(s, r)) is not None]
         if not scores:
             return []
