@@ -56,7 +56,7 @@ demo: install ## THE demo: local Kafka + Redis, the service, a sample agent; pri
 
 # --- deploy: Helm chart and OpenTelemetry Collector (deploy/, scripts/tools.sh) --------
 # Pinned tools are built from their Go modules into .cache/tools (git-ignored, cached):
-# helm ~3.5 min cold, the collector ~5 min cold, seconds warm.
+# helm ~3.5 min cold, the collector 5-10 min cold (2 cores), under a second warm.
 HELM_BIN := .cache/tools/helm
 CHART_DIR := deploy/helm/toolwitness
 HELM_EXAMPLES := $(sort $(notdir $(patsubst %/values.yaml,%,$(wildcard deploy/helm/examples/*/values.yaml))))
