@@ -1,0 +1,483 @@
+"""The tool boundary: report one tool call as a GenAI ``execute_tool`` span, get the result to use.
+
+    from collector.boundary import intercept_tool
+
+    async def get_tickets(status: str, session_id: str) -> JsonValue:
+        result = get_tickets_api(status)            # your real tool
+        return await intercept_tool(
+            tool_name="get_tickets",
+            tool_arguments=json.dumps({"status": status}),
+            result=result,
+            session_id=session_id,                  # your own session id
+            tracer=tracer,                          # your provider's tracer (default: the global one)
+        )
+
+**Off by default.** Unless ``TOOLWITNESS_TOOL_INTERCEPT=true`` the call is a no-op: it
+returns ``result`` itself, records nothing and opens no connection. Gate the call in your
+own code as well; the flag is the backstop that no data leaves an environment that has not
+opted in.
+
+When on, the call is recorded on the caller's tracer (``gen_ai.operation.name=execute_tool``,
+``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.call.arguments``,
+``gen_ai.tool.call.result``, ``gen_ai.conversation.id`` = the session id), under a size and
+redaction ``CapturePolicy``; arguments that were truncated or redacted carry
+``toolwitness.tool.call.arguments.truncated=true`` so argument checks on them are
+UNDETERMINED rather than FALSE. When a poisoning endpoint is configured
+(``TOOLWITNESS_POISONING_ENDPOINT=host:port``) the call also asks the ``ToolBoundary``
+service for the result to use — the real one, or during a poisoning campaign the same
+value with a payload spliced in. The span records the result the agent receives.
+
+**Fails open.** Any error or timeout (``timeout_s``, default 0.5 s, for the whole exchange)
+returns the real result; the agent is never broken by tracing.
+
+Environment: ``TOOLWITNESS_TOOL_INTERCEPT`` (``true`` to enable), ``TOOLWITNESS_POISONING_ENDPOINT``
+(host:port; unset = trace only), ``TOOLWITNESS_POISONING_TOKEN`` (bearer token, injected from
+a secrets manager; sent only over TLS or to a loopback address), ``TOOLWITNESS_POISONING_TLS``
+(``true`` for a TLS channel), ``TOOLWITNESS_POISONING_CA_FILE`` (PEM roots for TLS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
+from pydantic import JsonValue
+
+__all__ = [
+    "DEFAULT_REDACT_KEYS",
+    "ENV_CA_FILE",
+    "ENV_ENABLED",
+    "ENV_ENDPOINT",
+    "ENV_TLS",
+    "ENV_TOKEN",
+    "CapturePolicy",
+    "ToolDispatch",
+    "intercept_enabled",
+    "intercept_tool",
+    "make_tool_middleware",
+]
+
+COMPONENT = "boundary"
+log = logging.getLogger(__name__)
+_EXTRA = {"component": COMPONENT}
+
+ENV_ENABLED = "TOOLWITNESS_TOOL_INTERCEPT"
+ENV_ENDPOINT = "TOOLWITNESS_POISONING_ENDPOINT"
+ENV_TOKEN = "TOOLWITNESS_POISONING_TOKEN"
+ENV_TLS = "TOOLWITNESS_POISONING_TLS"
+ENV_CA_FILE = "TOOLWITNESS_POISONING_CA_FILE"
+
+# Span attributes (GenAI semantic conventions + toolwitness extensions).
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_RESULT = "gen_ai.tool.call.result"
+GEN_AI_CONVERSATION = "gen_ai.conversation.id"
+#: same key as ``scoring.normalize.spans.TRUNCATED_FLAG`` (kept literal: the agent side does not import scoring)
+ARGUMENTS_TRUNCATED = "toolwitness.tool.call.arguments.truncated"
+RESULT_TRUNCATED = "toolwitness.tool.call.result.truncated"
+POISONED = "toolwitness.poisoning.poisoned"
+POISONING_CANARY = "toolwitness.poisoning.canary"
+POISONING_CAMPAIGN = "toolwitness.poisoning.campaign_id"
+INTERCEPT_ERROR = "toolwitness.tool.intercept.error"
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+DEFAULT_REDACT_KEYS = frozenset(
+    {
+        "password", "passwd", "passphrase", "secret", "clientsecret", "apikey", "accesstoken", "refreshtoken",
+        "idtoken", "authtoken", "token", "authorization", "cookie", "setcookie", "privatekey", "sessiontoken",
+        "creditcard", "cardnumber", "cvv", "ssn",
+    }
+)
+
+
+def _norm_key(key: str) -> str:
+    return "".join(ch for ch in key.lower() if ch.isalnum())
+
+
+def intercept_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """True only when ``TOOLWITNESS_TOOL_INTERCEPT`` is ``true`` (read at call time)."""
+    environ = os.environ if env is None else env
+    return environ.get(ENV_ENABLED, "").strip().lower() == "true"
+
+
+# --------------------------------------------------------------------------------------------------
+# Capture policy
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CapturePolicy:
+    """How much of a call's arguments and result go into the span.
+
+    Values of keys named in ``redact_keys`` (compared without case, ``-`` or ``_``) are
+    replaced by ``redaction`` at any depth of a JSON object; text longer than the limit is
+    cut. Either makes the captured arguments partial, which the span says with
+    ``toolwitness.tool.call.arguments.truncated=true``.
+    """
+
+    max_argument_chars: int = 16_384
+    max_result_chars: int = 16_384
+    capture_arguments: bool = True
+    capture_result: bool = True
+    redact_keys: frozenset[str] = DEFAULT_REDACT_KEYS
+    redaction: str = "[REDACTED]"
+    _keys: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_argument_chars < 0 or self.max_result_chars < 0:
+            raise ValueError("size limits must be >= 0")
+        object.__setattr__(self, "_keys", frozenset(_norm_key(k) for k in self.redact_keys))
+
+    def _redact(self, value: Any) -> tuple[Any, bool]:
+        if isinstance(value, dict):
+            out: dict[str, Any] = {}
+            changed = False
+            for k, v in value.items():
+                if isinstance(k, str) and _norm_key(k) in self._keys:
+                    out[k] = self.redaction
+                    changed = True
+                else:
+                    out[k], c = self._redact(v)
+                    changed |= c
+            return out, changed
+        if isinstance(value, list):
+            items = [self._redact(v) for v in value]
+            return [v for v, _ in items], any(c for _, c in items)
+        return value, False
+
+    def _cut(self, text: str, limit: int) -> tuple[str, bool]:
+        return (text, False) if len(text) <= limit else (text[:limit], True)
+
+    def arguments(self, raw: str) -> tuple[str | None, bool]:
+        """(text to record or None, partial?) for a call's arguments JSON string."""
+        if not self.capture_arguments:
+            return None, False
+        text, partial = raw, False
+        if self._keys:
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict | list):
+                redacted, changed = self._redact(doc)
+                if changed:
+                    text, partial = json.dumps(redacted, ensure_ascii=False), True
+        text, cut = self._cut(text, self.max_argument_chars)
+        return text, partial or cut
+
+    def result(self, value: JsonValue) -> tuple[str | None, bool]:
+        """(text to record or None, partial?) for a result (a string is recorded as is)."""
+        if not self.capture_result:
+            return None, False
+        partial = False
+        if isinstance(value, str):
+            text = value
+        else:
+            redacted, partial = self._redact(value) if self._keys else (value, False)
+            try:
+                text = json.dumps(redacted, ensure_ascii=False)
+            except (TypeError, ValueError):
+                return None, False
+        text, cut = self._cut(text, self.max_result_chars)
+        return text, partial or cut
+
+
+_DEFAULT_POLICY = CapturePolicy()
+
+
+# --------------------------------------------------------------------------------------------------
+# The service call
+# --------------------------------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """The configuration forbids the call (logged, then the real result is used)."""
+
+
+@dataclass(slots=True)
+class _Health:
+    failing: bool = False
+
+
+_health = _Health()
+
+
+def _host(endpoint: str) -> str:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise _Refused(f"{ENV_ENDPOINT} must be host:port, got {endpoint!r}")
+    return host
+
+
+async def _ask_service(
+    request: Any, *, endpoint: str, token: str | None, timeout_s: float, env: Mapping[str, str]
+) -> Any:
+    """One InterceptTool call on a short-lived channel; the caller bounds the whole of it."""
+    import grpc  # type: ignore[import-untyped]  # imported on first use: the gate-off path never loads grpc
+
+    from collector.boundary.wire import boundary_grpc
+
+    host = _host(endpoint)
+    tls = env.get(ENV_TLS, "").strip().lower() == "true"
+    if token and not tls and host not in _LOOPBACK:
+        raise _Refused("a bearer token is sent only over TLS or to a loopback address")
+    if tls:
+        ca_file = env.get(ENV_CA_FILE, "")
+        roots = await asyncio.to_thread(Path(ca_file).read_bytes) if ca_file else None
+        channel = grpc.aio.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=roots))
+    else:
+        channel = grpc.aio.insecure_channel(endpoint)
+    try:
+        stub = boundary_grpc.ToolBoundaryStub(channel)
+        metadata = (("authorization", f"Bearer {token}"),) if token else None
+        return await stub.InterceptTool(request, timeout=timeout_s, metadata=metadata, wait_for_ready=False)
+    finally:
+        await channel.close(grace=None)
+
+
+def _json_kind(value: JsonValue) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _report_failure(exc: BaseException) -> None:
+    if not _health.failing:
+        _health.failing = True
+        log.warning(
+            "%s: the poisoning endpoint failed; using the real tool result (further failures at DEBUG until it "
+            "recovers): %s", COMPONENT, type(exc).__name__, extra=_EXTRA,
+        )
+    else:
+        log.debug("%s: the poisoning endpoint failed again: %s", COMPONENT, type(exc).__name__, extra=_EXTRA)
+
+
+# --------------------------------------------------------------------------------------------------
+# intercept_tool
+# --------------------------------------------------------------------------------------------------
+
+
+def _start_span(tracer: Tracer | None, tool_name: str) -> Any:
+    t = tracer if tracer is not None else trace.get_tracer("toolwitness.boundary")
+    # Status is set explicitly (a cancelled intercept is not a failed tool).
+    return t.start_as_current_span(
+        f"execute_tool {tool_name}", kind=SpanKind.INTERNAL, record_exception=False, set_status_on_exception=False
+    )
+
+
+def _record_call(span: Span, *, tool_name: str, call_id: str, tool_arguments: str, session_id: str,
+                 policy: CapturePolicy) -> None:
+    span.set_attribute(GEN_AI_OPERATION, "execute_tool")
+    span.set_attribute(GEN_AI_TOOL_NAME, tool_name)
+    span.set_attribute(GEN_AI_CALL_ID, call_id)
+    span.set_attribute(GEN_AI_CONVERSATION, session_id)
+    args, partial = policy.arguments(tool_arguments)
+    if args is not None:
+        span.set_attribute(GEN_AI_ARGUMENTS, args)
+        if partial:
+            span.set_attribute(ARGUMENTS_TRUNCATED, True)
+
+
+def _record_result(span: Span, value: JsonValue, policy: CapturePolicy) -> None:
+    text, partial = policy.result(value)
+    if text is not None:
+        span.set_attribute(GEN_AI_RESULT, text)
+        if partial:
+            span.set_attribute(RESULT_TRUNCATED, True)
+
+
+async def intercept_tool(
+    *,
+    tool_name: str,
+    tool_arguments: str,
+    result: JsonValue,
+    session_id: str,
+    tracer: Tracer | None = None,
+    call_id: str | None = None,
+    timeout_s: float = 0.5,
+    policy: CapturePolicy | None = None,
+    endpoint: str | None = None,
+    bearer_token: str | None = None,
+) -> JsonValue:
+    """Report one tool call and return the result to use (see the module docstring).
+
+    ``endpoint`` / ``bearer_token`` override ``TOOLWITNESS_POISONING_ENDPOINT`` /
+    ``TOOLWITNESS_POISONING_TOKEN``. Never raises (except cancellation): on any error the
+    real ``result`` is returned.
+    """
+    env = os.environ
+    if not intercept_enabled(env):
+        return result
+    try:
+        if not isinstance(tool_name, str) or not tool_name:
+            raise ValueError("tool_name must be a non-empty string")
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError("session_id must be a non-empty string")
+        if not isinstance(tool_arguments, str):
+            raise TypeError("tool_arguments must be a JSON string")
+        pol = policy or _DEFAULT_POLICY
+        cid = call_id or f"call_{uuid.uuid4().hex}"
+        target = endpoint if endpoint is not None else env.get(ENV_ENDPOINT, "").strip()
+        token = bearer_token if bearer_token is not None else (env.get(ENV_TOKEN) or None)
+        span_cm = _start_span(tracer, tool_name)
+    except Exception as exc:
+        log.warning("%s: not intercepting a tool call: %s", COMPONENT, exc, extra=_EXTRA)
+        return result
+    with span_cm as span:
+        try:
+            _record_call(span, tool_name=tool_name, call_id=cid, tool_arguments=tool_arguments,
+                         session_id=session_id, policy=pol)
+        except Exception as exc:
+            log.debug("%s: recording the call failed: %r", COMPONENT, exc, extra=_EXTRA)
+        returned = result
+        if target:
+            returned = await _exchange(span, tool_name=tool_name, tool_arguments=tool_arguments, result=result,
+                                       session_id=session_id, call_id=cid, endpoint=target, token=token,
+                                       timeout_s=timeout_s, env=env)
+        try:
+            _record_result(span, returned, pol)
+        except Exception as exc:
+            log.debug("%s: recording the result failed: %r", COMPONENT, exc, extra=_EXTRA)
+    return returned
+
+
+async def _exchange(
+    span: Span,
+    *,
+    tool_name: str,
+    tool_arguments: str,
+    result: JsonValue,
+    session_id: str,
+    call_id: str,
+    endpoint: str,
+    token: str | None,
+    timeout_s: float,
+    env: Mapping[str, str],
+) -> JsonValue:
+    """Ask the service for the result to use; the real ``result`` on any failure."""
+    try:
+        from collector.boundary.wire import InterceptToolRequest
+
+        ctx = span.get_span_context()
+        request = InterceptToolRequest(
+            tool_name=tool_name,
+            tool_arguments_json=tool_arguments,
+            result_json=json.dumps(result, ensure_ascii=False, allow_nan=False),
+            session_id=session_id,
+            call_id=call_id,
+            trace_id=f"{ctx.trace_id:032x}" if ctx.is_valid else "",
+            span_id=f"{ctx.span_id:016x}" if ctx.is_valid else "",
+        )
+        async with asyncio.timeout(timeout_s):
+            response = await _ask_service(request, endpoint=endpoint, token=token, timeout_s=timeout_s, env=env)
+        if not response.poisoned:
+            returned = result
+        else:
+            returned = json.loads(response.result_json)
+            if _json_kind(returned) != _json_kind(result):
+                raise ValueError("the service returned a result of another top-level type")
+            span.set_attribute(POISONED, True)
+            span.set_attribute(POISONING_CANARY, response.canary)
+            span.set_attribute(POISONING_CAMPAIGN, response.campaign_id)
+    except asyncio.CancelledError:
+        raise
+    except _Refused as exc:
+        log.warning("%s: not contacting the poisoning endpoint: %s", COMPONENT, exc, extra=_EXTRA)
+        span.set_attribute(INTERCEPT_ERROR, "refused")
+        return result
+    except Exception as exc:  # fail open: never break the agent
+        _report_failure(exc)
+        span.set_attribute(INTERCEPT_ERROR, type(exc).__name__)
+        return result
+    if _health.failing:
+        _health.failing = False
+        log.info("%s: the poisoning endpoint recovered", COMPONENT, extra=_EXTRA)
+    return returned
+
+
+# --------------------------------------------------------------------------------------------------
+# Dispatch middleware
+# --------------------------------------------------------------------------------------------------
+
+#: an async tool dispatcher: (tool name, arguments) -> result
+ToolDispatch = Callable[[str, Mapping[str, Any]], Awaitable[JsonValue]]
+
+
+def make_tool_middleware(
+    dispatch: ToolDispatch,
+    *,
+    session_id: str | Callable[[], str],
+    allowlist: Iterable[str] | None = None,
+    tracer: Tracer | None = None,
+    policy: CapturePolicy | None = None,
+    timeout_s: float = 0.5,
+) -> ToolDispatch:
+    """Wrap a tool dispatcher once instead of editing every tool.
+
+    The real tool runs first; then, when the gate is on and the tool is in ``allowlist``
+    (None = every tool), its result goes through ``intercept_tool`` and the returned value
+    is what the agent gets. Only traced tools can be poisoned, so an allowlist must include
+    the tools a poisoning campaign targets. A tool that raises is recorded as a failed
+    ``execute_tool`` span (it still ran) and the exception propagates unchanged.
+    ``session_id`` may be a callable for a per-call session.
+    """
+    allowed = None if allowlist is None else frozenset(allowlist)
+
+    def traced(name: str) -> bool:
+        return intercept_enabled() and (allowed is None or name in allowed)
+
+    def session() -> str:
+        return session_id() if callable(session_id) else session_id
+
+    async def middleware(name: str, arguments: Mapping[str, Any]) -> JsonValue:
+        try:
+            result = await dispatch(name, arguments)
+        except Exception as exc:
+            if traced(name):
+                _record_failure(tracer, name, arguments, session(), exc, policy or _DEFAULT_POLICY)
+            raise
+        if not traced(name):
+            return result
+        try:
+            args = json.dumps(dict(arguments), ensure_ascii=False, default=str)
+            return await intercept_tool(
+                tool_name=name, tool_arguments=args, result=result, session_id=session(), tracer=tracer,
+                timeout_s=timeout_s, policy=policy,
+            )
+        except Exception:
+            return result  # fail open: never break the agent
+
+    return middleware
+
+
+def _record_failure(
+    tracer: Tracer | None, name: str, arguments: Mapping[str, Any], session_id: str, exc: BaseException,
+    policy: CapturePolicy,
+) -> None:
+    try:
+        with _start_span(tracer, name) as span:
+            _record_call(span, tool_name=name, call_id=f"call_{uuid.uuid4().hex}",
+                         tool_arguments=json.dumps(dict(arguments), ensure_ascii=False, default=str),
+                         session_id=session_id, policy=policy)
+            span.set_attribute("error.type", type(exc).__qualname__)
+            span.set_status(StatusCode.ERROR, type(exc).__qualname__)
+    except Exception as err:
+        log.debug("%s: recording a failed tool call failed: %r", COMPONENT, err, extra=_EXTRA)

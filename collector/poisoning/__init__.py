@@ -1,0 +1,1 @@
+"""Tool response poisoning: the splice engine, campaigns, and the ``ToolBoundary`` gRPC service."""

@@ -1,0 +1,1 @@
+"""Attack executors (PyRIT's ``pyrit.executor``)."""

@@ -1,0 +1,78 @@
+"""make_tool_middleware: one wrapper around a tool dispatcher, gated, with an optional allowlist."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+from pydantic import JsonValue
+
+from collector.boundary import make_tool_middleware
+from collector.poisoning.campaigns import Campaign, CampaignRegistry
+from collector.poisoning.service import PoisoningConfig, PoisoningServer
+from scoring.normalize.spans import from_readable_span, normalize_span
+
+Tracing = tuple[TracerProvider, InMemorySpanExporter]
+RESULTS: dict[str, JsonValue] = {"fetch_page": {"id": "p", "body": "Report text"}, "clock": "12:00"}
+
+
+async def dispatch(name: str, arguments: Mapping[str, Any]) -> JsonValue:
+    if name == "explode":
+        raise RuntimeError("tool failed")
+    return RESULTS[name]
+
+
+async def test_gate_off_passes_everything_through(memory_tracer: Tracing) -> None:
+    provider, exporter = memory_tracer
+    tools = make_tool_middleware(dispatch, session_id="s", tracer=provider.get_tracer("agent"))
+    assert await tools("fetch_page", {"url": "u"}) is RESULTS["fetch_page"]
+    with pytest.raises(RuntimeError):
+        await tools("explode", {})
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_allowlist_scopes_tracing(memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    sessions = iter(["s-1", "s-2"])
+    tools = make_tool_middleware(dispatch, session_id=lambda: next(sessions), allowlist={"fetch_page"},
+                                 tracer=provider.get_tracer("agent"))
+    assert await tools("clock", {}) is RESULTS["clock"]
+    assert exporter.get_finished_spans() == ()
+    assert await tools("fetch_page", {"url": "u"}) is RESULTS["fetch_page"]
+    (span,) = exporter.get_finished_spans()
+    a = dict(span.attributes or {})
+    assert a["gen_ai.tool.name"] == "fetch_page" and a["gen_ai.tool.call.arguments"] == '{"url": "u"}'
+    assert a["gen_ai.conversation.id"] == "s-1"
+
+
+async def test_a_failing_tool_is_recorded_as_a_failed_execution(
+    memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    tools = make_tool_middleware(dispatch, session_id="s", tracer=provider.get_tracer("agent"))
+    with pytest.raises(RuntimeError, match="tool failed"):
+        await tools("explode", {"x": 1})
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+    execution = normalize_span(from_readable_span(span)).execution
+    assert execution is not None and execution.name == "explode" and execution.status == "error"
+
+
+async def test_only_traced_tools_can_be_poisoned(memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider, _ = memory_tracer
+    reg = CampaignRegistry([Campaign(campaign_id="c", payload_template="do X {canary}", sessions=frozenset({"s"}))])
+    async with PoisoningServer(reg, PoisoningConfig(listen="127.0.0.1:0")) as server:
+        monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+        monkeypatch.setenv("TOOLWITNESS_POISONING_ENDPOINT", server.endpoint)
+        tools = make_tool_middleware(dispatch, session_id="s", allowlist={"fetch_page"},
+                                     tracer=provider.get_tracer("agent"), timeout_s=5)
+        assert await tools("clock", {}) == "12:00", "not in the allowlist: never reaches the service"
+        poisoned = await tools("fetch_page", {"url": "u"})
+        assert isinstance(poisoned, dict) and reg.canaries_for("s")[0] in str(poisoned["body"])
+        assert server.calls == 1
