@@ -23,7 +23,6 @@ Logs carry the component name ``poisoning``.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -38,13 +37,13 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, Tracer
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from collector.boundary.wire import InterceptToolRequest, InterceptToolResponse, boundary_grpc
+from collector.grpc_auth import abort, require_bearer
 from collector.poisoning.campaigns import (
     NOT_ENROLLED,
     TOOL_NOT_TARGETED,
     CampaignRegistry,
     Delivery,
 )
-from collector.telemetry.metrics import DROPPED
 
 __all__ = ["COMPONENT", "DELIVERY_SPAN", "PoisoningConfig", "PoisoningServer", "create_poisoning_server"]
 
@@ -199,24 +198,10 @@ class PoisoningServer:
     # -- the call --------------------------------------------------------------------------------
 
     async def _abort(self, context: Any, code: Any, message: str) -> NoReturn:
-        await context.abort(code, message)
-        raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+        await abort(context, code, message)
 
     async def _check_auth(self, context: Any) -> None:
-        if self._token is None:
-            return
-        presented = b""
-        for key, value in context.invocation_metadata() or ():
-            if key.lower() == "authorization":
-                raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-                scheme, _, token = raw.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    presented = token.strip()
-                break
-        if not presented or not hmac.compare_digest(presented, self._token):
-            DROPPED.labels(component=COMPONENT, reason="unauthenticated").inc()
-            log.warning("%s: refused an InterceptTool call without a valid bearer token", COMPONENT, extra=_EXTRA)
-            await self._abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+        await require_bearer(context, self._token, component=COMPONENT, call="InterceptTool")
 
     @staticmethod
     def _passthrough(request: InterceptToolRequest, reason: str) -> InterceptToolResponse:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from collector.client import kafka_security_kwargs
 from collector.config import KafkaConfig
+from collector.grpc_auth import abort, require_bearer
 from collector.otel import split_by_trace_with_rejects
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES, SPANS_IN
 
@@ -212,24 +212,10 @@ class OtlpGrpcReceiver:
     # -- the call --------------------------------------------------------------------------------
 
     async def _abort(self, context: Any, code: Any, message: str) -> NoReturn:
-        await context.abort(code, message)
-        raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+        await abort(context, code, message)
 
     async def _check_auth(self, context: Any) -> None:
-        if self._token is None:
-            return
-        presented = b""
-        for key, value in context.invocation_metadata() or ():
-            if key.lower() == "authorization":
-                raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-                scheme, _, token = raw.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    presented = token.strip()
-                break
-        if not presented or not hmac.compare_digest(presented, self._token):
-            DROPPED.labels(component=COMPONENT, reason="unauthenticated").inc()
-            log.warning("%s: refused an Export call without a valid bearer token", COMPONENT, extra=_EXTRA)
-            await self._abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+        await require_bearer(context, self._token, component=COMPONENT, call="Export")
 
     async def handle_export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
         await self._check_auth(context)
