@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from collector.client import kafka_security_kwargs as security_kwargs
 from collector.config import KafkaConfig
 from collector.exporters.base import ExportError
 from collector.telemetry.metrics import DLQ_RECORDS, EXPORT_FAILURES
@@ -23,19 +22,8 @@ DLQ_PREVIEW_BYTES = 65536
 
 
 def kafka_security_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
-    """aiokafka connection settings from the config; secrets come from the named env vars."""
-    sec = cfg.security
-    kw: dict[str, Any] = {"security_protocol": sec.protocol}
-    if sec.protocol in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=sec.ssl_cafile or None)
-        if sec.ssl_certfile:
-            ctx.load_cert_chain(sec.ssl_certfile, sec.ssl_keyfile or None)
-        kw["ssl_context"] = ctx
-    if sec.protocol.startswith("SASL"):
-        kw["sasl_mechanism"] = sec.sasl_mechanism or "PLAIN"
-        kw["sasl_plain_username"] = os.environ.get(sec.sasl_username_env, "")
-        kw["sasl_plain_password"] = os.environ.get(sec.sasl_password_env, "")
-    return kw
+    """aiokafka connection settings for the service's Kafka config (one implementation: the client's)."""
+    return security_kwargs(cfg.security)
 
 
 @dataclass(frozen=True, slots=True)
