@@ -181,6 +181,10 @@ class Checkpoint:
                 if await self.store.register(exp):
                     self.engine.remember(exp)
                     work.add(exp.tenant, [exp.expectation_id], "expectation")
+                elif await self.store.undecided(exp.tenant, exp.expectation_id):
+                    # A replay after a crash between registering and deciding: nothing else may
+                    # ever re-trigger it (its spans can be committed already), so decide it now.
+                    work.add(exp.tenant, [exp.expectation_id], "expectation")
             elif kind == "completion":
                 m = msg.completion
                 check_marker(m)

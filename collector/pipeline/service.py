@@ -219,15 +219,18 @@ class ToolwitnessService:
     async def sweep(self) -> int:
         """Finalize deadlines, watermark completions, and re-send decided-but-unpublished scores.
 
-        Work is claimed with ZREM (exactly one instance wins each item); if handling it
-        fails, the claims are put back so a later sweep (here or elsewhere) retries them.
+        Work is claimed under a lease (exactly one instance wins each item); if handling it
+        fails, the claims are put back so a later sweep (here or elsewhere) retries them; if
+        this process dies holding them, they are due again when the lease ends; once handled,
+        they are released.
         """
         now = int(time.time() * 1000)
         k = self.store.k
         watermark = await self.watermarks.global_watermark(now)
-        deadlines = await self.store.claim_due(k.deadlines, now)
-        waiting = await self.store.claim_due(k.await_watermark, watermark)
-        unpublished = await self.store.claim_due(k.unpublished, now - 2000)
+        lease = self.store.claim_lease_ms
+        deadlines = await self.store.claim_due(k.deadlines, now, lease_until=now + lease)
+        waiting = await self.store.claim_due(k.await_watermark, watermark, lease_until=watermark + lease)
+        unpublished = await self.store.claim_due(k.unpublished, now - 2000, lease_until=now + lease)
         try:
             work = Work()
             for tenant, ident in deadlines:
@@ -251,6 +254,9 @@ class ToolwitnessService:
             await self.store.unclaim(k.await_watermark, waiting, watermark)
             await self.store.unclaim(k.unpublished, unpublished, now)
             raise
+        await self.store.release(k.deadlines, deadlines, now + lease)
+        await self.store.release(k.await_watermark, waiting, watermark + lease)
+        await self.store.release(k.unpublished, unpublished, now + lease)
         return len(published)
 
     async def shutdown(self) -> None:

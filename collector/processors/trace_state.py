@@ -30,6 +30,26 @@ def _lua(name: str) -> str:
     return resources.files("collector.processors").joinpath("lua", name).read_text()
 
 
+# Claim the members of KEYS[1] due by ARGV[1] (at most ARGV[2] of them): in the same atomic step
+# each one's score moves to the lease end ARGV[3] (> ARGV[1]), so exactly one caller claims it, and
+# a claimer that dies before releasing it leaves it to be claimed again when the lease ends.
+_CLAIM_LUA = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, m in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[3], m) end
+return due
+"""
+
+# Release handled claims: remove the members ARGV[2..] of KEYS[1] that still hold the lease ARGV[1]
+# (one re-added since, e.g. by a new decision waiting to be published, stays).
+_RELEASE_LUA = """
+local lease = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i])) == lease then redis.call('ZREM', KEYS[1], ARGV[i]) end
+end
+return 0
+"""
+
+
 class Keys:
     """Redis key names under one prefix (default ``tw``), hash-tagged per tenant and trace."""
 
@@ -149,6 +169,9 @@ class TraceStateStore:
     """The trace-state processor's Redis side. Scripts are registered once at start-up."""
 
     name = "processor/trace_state"
+    #: how long (ms; event-time ms for the watermark queue) a sweeper's claim on an item holds
+    #: before the item is due again because its claimer died without releasing it.
+    claim_lease_ms = 30_000
 
     def __init__(self, redis: Redis, config: ServiceConfig) -> None:
         self.redis = redis
@@ -158,13 +181,17 @@ class TraceStateStore:
         self._apply: AsyncScript | None = None
         self._mark: AsyncScript | None = None
         self._decide: AsyncScript | None = None
+        self._claim: AsyncScript | None = None
+        self._release: AsyncScript | None = None
 
     async def start(self) -> None:
         self._apply = self.redis.register_script(_lua("apply_spans.lua"))
         self._mark = self.redis.register_script(_lua("mark_complete.lua"))
         self._decide = self.redis.register_script(_lua("decide.lua"))
+        self._claim = self.redis.register_script(_CLAIM_LUA)
+        self._release = self.redis.register_script(_RELEASE_LUA)
         # Load them now so a broken script fails start-up, not the first batch.
-        for script in (self._apply, self._mark, self._decide):
+        for script in (self._apply, self._mark, self._decide, self._claim, self._release):
             script.sha = await self.redis.script_load(script.script)
 
     async def shutdown(self) -> None:
@@ -288,6 +315,10 @@ class TraceStateStore:
             raw = await pipe.execute()
         return sorted(_s(x) for x in raw[1])
 
+    async def undecided(self, tenant: str, expectation_id: str) -> bool:
+        """Registered and neither decided nor cancelled (it still has a deadline entry)."""
+        return await self.redis.zscore(self.k.deadlines, member(tenant, expectation_id)) is not None
+
     async def session_complete(self, tenant: str, session_id: str) -> bool:
         return bool(await self.redis.exists(self.k.session_complete(tenant, session_id)))
 
@@ -360,13 +391,17 @@ class TraceStateStore:
         if items:
             await self.redis.zadd(zset, {member(t, i): score for t, i in items})
 
-    async def claim_due(self, zset: str, upto: int, limit: int = 500) -> list[tuple[str, str]]:
-        """Claim members due by ``upto``: ZREM returns 1 to exactly one claimer."""
-        due = [cast(bytes, m) for m in await self.redis.zrangebyscore(zset, "-inf", upto, start=0, num=limit)]
-        if not due:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for m in due:
-                pipe.zrem(zset, m)
-            won = await pipe.execute()
-        return [split_member(m) for m, w in zip(due, won, strict=True) if w]
+    async def claim_due(self, zset: str, upto: int, limit: int = 500, *, lease_until: int) -> list[tuple[str, str]]:
+        """Claim members due by ``upto``: one atomic script moves each one's score to ``lease_until``,
+        so exactly one claimer gets it. Once handled, ``release`` them (or ``unclaim`` on failure);
+        if the claimer dies first, they are due again at ``lease_until``: a claim is never lost."""
+        assert self._claim is not None
+        assert lease_until > upto
+        due = await self._claim(keys=[zset], args=[upto, limit, lease_until])
+        return [split_member(cast(bytes, m)) for m in due]
+
+    async def release(self, zset: str, items: Sequence[tuple[str, str]], lease_until: int) -> None:
+        """Drop handled claims (those still holding the lease ``lease_until``)."""
+        assert self._release is not None
+        if items:
+            await self._release(keys=[zset], args=[lease_until, *(member(t, i) for t, i in items)])

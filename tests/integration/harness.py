@@ -5,23 +5,41 @@ group and Redis key prefix per stack, so tests never see each other's data."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
+import os
+import signal
+import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import IO, Any
 
+import yaml
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1 import common_pb2 as otlp_common_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Tracer
+from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
 
-from collector.client import ToolwitnessClient
+from collector.client import ToolwitnessClient, build_expectation
 from collector.config import ServiceConfig, TopicsConfig
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor
+from collector.pipeline.checkpoint import Batch, BatchResult
 from collector.pipeline.service import ToolwitnessService
-from collector.wire.gen import score_pb2
-from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled
+from collector.wire.convert import decode_score_event
+from collector.wire.gen import control_pb2, score_pb2
+from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
 
 
 def expects(*names: str) -> ScoringExpectation:
@@ -122,3 +140,397 @@ async def settled(service: ToolwitnessService, tenant: str, expectation_id: str)
 
 def verdict(ev: score_pb2.ScoreEvent) -> str:
     return {1: "true", 2: "false", 3: "undetermined"}.get(ev.status, "unspecified")
+
+
+# ------------------------------------------------------------------------------------------------
+# Raw OTLP records and raw Kafka I/O: for tests that must choose partitions, keys, bytes and
+# batches themselves (consumer groups, crash/replay, dead letters, backlogs).
+# ------------------------------------------------------------------------------------------------
+
+
+def new_trace_id() -> str:
+    """A random 32-hex trace id (never all zero)."""
+    return uuid.uuid4().hex
+
+
+def new_span_id() -> bytes:
+    """A random non-zero 8-byte span id."""
+    return uuid.uuid4().bytes[:7] + b"\x01"
+
+
+AttrInput = str | bool | int | float
+
+
+def _any_value(v: AttrInput) -> otlp_common_pb2.AnyValue:
+    if isinstance(v, bool):
+        return otlp_common_pb2.AnyValue(bool_value=v)
+    if isinstance(v, int):
+        return otlp_common_pb2.AnyValue(int_value=v)
+    if isinstance(v, float):
+        return otlp_common_pb2.AnyValue(double_value=v)
+    return otlp_common_pb2.AnyValue(string_value=v)
+
+
+def otlp_span(
+    trace_id: str | bytes,
+    *,
+    span_id: bytes | None = None,
+    parent: bytes = b"",
+    name: str = "span",
+    start_ms: int,
+    end_ms: int | None,
+    tool: str | None = None,
+    attrs: Mapping[str, AttrInput] | None = None,
+) -> trace_pb2.Span:
+    """One OTLP span (times in ms since the epoch; ``end_ms=None`` = not ended). ``tool`` makes it a
+    GenAI ``execute_tool`` span. ``trace_id`` as 32 hex or raw bytes (any length, for bad ids)."""
+    attributes = dict(attrs or {})
+    if tool is not None:
+        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool, **attributes}
+    span = trace_pb2.Span(
+        trace_id=bytes.fromhex(trace_id) if isinstance(trace_id, str) else trace_id,
+        span_id=span_id or new_span_id(),
+        parent_span_id=parent,
+        name=name,
+        kind=trace_pb2.Span.SpanKind.SPAN_KIND_INTERNAL,
+        start_time_unix_nano=start_ms * 1_000_000,
+        end_time_unix_nano=(end_ms or 0) * 1_000_000,
+    )
+    for k, v in attributes.items():
+        span.attributes.add(key=k, value=_any_value(v))
+    return span
+
+
+def otlp_request(spans: Sequence[trace_pb2.Span], *, service_name: str = "agent") -> ExportTraceServiceRequest:
+    """An ``ExportTraceServiceRequest`` (what the Collector's kafkaexporter writes) holding ``spans``."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.add(key="service.name", value=_any_value(service_name))
+    ss = rs.scope_spans.add()
+    ss.scope.name = "toolwitness-tests"
+    ss.spans.extend(spans)
+    return req
+
+
+def otlp_json(req: ExportTraceServiceRequest) -> bytes:
+    """OTLP/JSON as the Collector writes it (``otlp_json``): camelCase, ids as hex."""
+    doc = json_format.MessageToDict(req)
+
+    def hex_ids(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") else hex_ids(v))
+                for k, v in node.items()
+            }
+        if isinstance(node, list):
+            return [hex_ids(x) for x in node]
+        return node
+
+    return json.dumps(hex_ids(doc)).encode()
+
+
+def expectation_bytes(
+    expectation_id: str,
+    trace_ids: Sequence[str],
+    expectation: ScoringExpectation,
+    *,
+    scorer: str = "tools",
+    tenant: str = "default",
+    deadline: timedelta = timedelta(seconds=60),
+) -> bytes:
+    """A control record registering an expectation on a trace scope (as ``ToolwitnessClient.expect``)."""
+    msg = build_expectation(
+        expectation_id=expectation_id, tenant=tenant, scope=TraceScorable(trace_ids=tuple(trace_ids)),
+        expectation=expectation, scorer=scorer, deadline=deadline,
+    )
+    return control_pb2.ControlMessage(expectation=msg).SerializeToString(deterministic=True)
+
+
+def marker_bytes(trace_id: str, span_count: int | None, *, tenant: str = "default") -> bytes:
+    """A control record declaring a trace complete (with its span count when given)."""
+    m = control_pb2.CompletionMarker(tenant=tenant, trace_id=trace_id)
+    if span_count is not None:
+        m.span_count = span_count
+    m.at.GetCurrentTime()
+    return control_pb2.ControlMessage(completion=m).SerializeToString(deterministic=True)
+
+
+@contextlib.asynccontextmanager
+async def raw_producer(cfg: ServiceConfig, *, max_request_size: int = 1024 * 1024) -> AsyncIterator[AIOKafkaProducer]:
+    """An idempotent aiokafka producer on the stack's broker (``send_and_wait`` gives partition + offset)."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=cfg.kafka.bootstrap_servers, acks="all", enable_idempotence=True,
+        max_request_size=max_request_size, request_timeout_ms=30_000,
+    )
+    async with asyncio.timeout(30):
+        await producer.start()
+    try:
+        yield producer
+    finally:
+        async with asyncio.timeout(30):
+            await producer.stop()
+
+
+async def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of ``topic`` from the beginning up to its end offsets at call time (no group)."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+        fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
+    out: list[ConsumerRecord[bytes, bytes]] = []
+    async with asyncio.timeout(timeout):
+        await consumer.start()
+        try:
+            tps = sorted(consumer.assignment())
+            assert tps, f"topic {topic} has no partitions"
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    out.extend(records)
+        finally:
+            await consumer.stop()
+    return out
+
+
+async def read_until(
+    bootstrap: str,
+    topic: str,
+    enough: Callable[[list[ConsumerRecord[bytes, bytes]]], bool],
+    timeout: float = 30.0,
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Records of ``topic`` from the beginning until ``enough(records so far)`` (or TimeoutError)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        remaining = deadline - asyncio.get_running_loop().time()
+        records = await read_all(bootstrap, topic, timeout=max(1.0, remaining))
+        if enough(records):
+            return records
+        if remaining <= 0:
+            raise TimeoutError(f"{topic}: condition not met within {timeout}s ({len(records)} records read)")
+        await asyncio.sleep(0.2)
+
+
+def scores_by_id(records: Sequence[ConsumerRecord[bytes, bytes]]) -> dict[str, list[bytes]]:
+    """Raw score events on the scores topic grouped by score_id (re-sends show up as repeats)."""
+    out: dict[str, list[bytes]] = {}
+    for r in records:
+        ev = decode_score_event(r.value or b"")
+        out.setdefault(ev.score_id, []).append(r.value or b"")
+    return out
+
+
+def header(rec: ConsumerRecord[bytes, bytes], name: str) -> str | None:
+    for k, v in rec.headers or ():
+        if k == name:
+            return v.decode("utf-8", "replace")
+    return None
+
+
+async def scrape_metrics(port: int, host: str = "127.0.0.1") -> str:
+    """GET /metrics from the service's admin endpoint (HTTP/1.1, connection closed by the server)."""
+    async with asyncio.timeout(10):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        raw = await reader.read()
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head[:80]
+    return body.decode()
+
+
+def metric_value(text: str, sample: str, labels: Mapping[str, str]) -> float:
+    """The value of one sample (e.g. ``toolwitness_dlq_records_total``) with these labels; 0 if absent."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
+@dataclass
+class BatchLog:
+    """Wraps an in-process service's checkpoint to record what each processed batch held:
+    one list of (topic, partition, offset) per batch, in processing order."""
+
+    service: ToolwitnessService
+    batches: list[list[tuple[str, int, int]]] = field(default_factory=list)
+    after_batch: list[Callable[[int], Any]] = field(default_factory=list)
+
+    def install(self) -> BatchLog:
+        original = self.service.checkpoint.process
+
+        async def process(batch: Batch) -> BatchResult:
+            result = await original(batch)
+            self.batches.append([(tp.topic, tp.partition, r.offset) for tp, recs in batch.items() for r in recs])
+            for hook in self.after_batch:
+                value = hook(len(self.batches) - 1)
+                if asyncio.iscoroutine(value):
+                    await value
+            return result
+
+        self.service.checkpoint.process = process  # type: ignore[method-assign]
+        return self
+
+    def batch_of(self, topic: str, partition: int, offset: int) -> int:
+        """Index of the batch that held this record (ValueError if none did)."""
+        for i, b in enumerate(self.batches):
+            if (topic, partition, offset) in b:
+                return i
+        raise ValueError(f"record {topic}/{partition}/{offset} was not processed")
+
+
+async def drop_stack(cfg: ServiceConfig) -> None:
+    """Delete a stack's topics and its Redis keys (its key prefix), after the service stopped."""
+    t = cfg.kafka.topics
+    admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka.bootstrap_servers, request_timeout_ms=30_000)
+    async with asyncio.timeout(30):
+        await admin.start()
+        try:
+            existing = set(await admin.list_topics())
+            doomed = [n for n in (t.spans, t.control, t.scores, t.observations, t.dlq) if n in existing]
+            if doomed:
+                await admin.delete_topics(doomed, timeout_ms=30_000)
+        finally:
+            await admin.close()
+    redis: Redis = Redis.from_url(cfg.redis.url)
+    try:
+        async with asyncio.timeout(30):
+            keys = [k async for k in redis.scan_iter(match=f"{cfg.redis.key_prefix}:*", count=1000)]
+            for i in range(0, len(keys), 500):
+                await redis.delete(*keys[i : i + 500])
+    finally:
+        await redis.aclose()
+
+
+# ------------------------------------------------------------------------------------------------
+# The service as a subprocess: `toolwitness run --config FILE`, as it is deployed.
+# ------------------------------------------------------------------------------------------------
+
+
+def write_config(cfg: ServiceConfig, path: Path) -> Path:
+    """The config as YAML (what `toolwitness run --config` reads)."""
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+class ServiceProcess:
+    """``toolwitness run --config FILE`` as a child process; its output goes to ``log_path``."""
+
+    def __init__(self, config_path: Path, log_path: Path) -> None:
+        self.config_path = config_path
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self._log: IO[bytes] | None = None
+        self.starts = 0
+
+    def _open_log(self) -> IO[bytes]:
+        return self.log_path.open("ab")
+
+    async def start(self) -> None:
+        assert self.proc is None or self.proc.returncode is not None, "already running"
+        exe = Path(sys.executable).with_name("toolwitness")
+        self._close_log()
+        self._log = self._open_log()
+        self._log.write(f"\n===== start #{self.starts + 1} =====\n".encode())
+        self._log.flush()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = await asyncio.create_subprocess_exec(
+            str(exe), "run", "--config", str(self.config_path), stdout=self._log, stderr=self._log, env=env,
+        )
+        self.starts += 1
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def kill(self) -> int:
+        """SIGKILL (no shutdown code runs at all); returns the exit status."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        async with asyncio.timeout(30):
+            return await self.proc.wait()
+
+    async def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (graceful stop), SIGKILL if it has not exited within ``timeout``."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            self._close_log()
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(timeout):
+                rc = await proc.wait()
+        except TimeoutError:
+            proc.send_signal(signal.SIGKILL)
+            rc = await proc.wait()
+        self._close_log()
+        return rc
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@contextlib.asynccontextmanager
+async def service_and_task(cfg: ServiceConfig) -> AsyncIterator[tuple[ToolwitnessService, asyncio.Task[None]]]:
+    """Like ``running_service``, but also yields the poll-loop task (so a test can see it end)."""
+    service = ToolwitnessService(cfg)
+    await service.start()
+    task = asyncio.create_task(service.run(), name=f"service-run-{service.instance}")
+    try:
+        yield service, task
+    finally:
+        service.request_stop()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(task, timeout=30)
+        await service.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def running_service_prepared(
+    cfg: ServiceConfig, prepare: Callable[[ToolwitnessService], Any]
+) -> AsyncIterator[ToolwitnessService]:
+    """Like ``running_service``, with ``prepare(service)`` called before it starts consuming
+    (e.g. ``lambda s: BatchLog(s).install()`` so that not even the first batch is missed)."""
+    service = ToolwitnessService(cfg)
+    prepare(service)
+    await service.start()
+    task = asyncio.create_task(service.run())
+    try:
+        yield service
+    finally:
+        service.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=30)
+        await service.shutdown()
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int, configs: Mapping[str, str]) -> None:
+    """Create a topic with these topic configs (before the service's own topic set-up sees it)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    async with asyncio.timeout(30):
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=dict(configs))], timeout_ms=30_000)
+            while True:
+                rows = await admin.describe_topics([name])
+                parts = rows[0].get("partitions") or [] if rows else []
+                if rows and rows[0].get("error_code") == 0 and len(parts) == partitions and all(
+                    p.get("leader", -1) >= 0 for p in parts
+                ):
+                    return
+                await asyncio.sleep(0.05)
+        finally:
+            await admin.close()
