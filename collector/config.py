@@ -61,6 +61,8 @@ class KafkaConfig(_Section):
     max_poll_records: int = Field(default=500, ge=1)
     poll_timeout_ms: int = Field(default=100, ge=1)
     request_timeout_ms: int = Field(default=30000, ge=1000)
+    #: how long a dead instance keeps its partitions before the group rebalances.
+    session_timeout_ms: int = Field(default=10000, ge=3000)
     security: KafkaSecurityConfig = KafkaSecurityConfig()
 
 

@@ -15,7 +15,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -28,7 +28,7 @@ from collector.pipeline.checkpoint import Checkpoint
 from collector.pipeline.engine import Engine, Work
 from collector.processors.completion import WatermarkTracker
 from collector.processors.trace_state import TraceStateStore
-from collector.telemetry.metrics import CONSUMER_LAG, EXPORT_FAILURES
+from collector.telemetry.metrics import COMMIT_FAILURES, CONSUMER_LAG, EXPORT_FAILURES
 
 log = logging.getLogger("toolwitness.service")
 
@@ -146,6 +146,8 @@ class ToolwitnessService:
             fetch_max_bytes=max(52428800, k.max_record_bytes * 2),
             max_partition_fetch_bytes=max(1048576, k.max_record_bytes + 65536),
             request_timeout_ms=k.request_timeout_ms,
+            session_timeout_ms=k.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, k.session_timeout_ms // 3),
             **kafka_security_kwargs(k),
         )
         self.consumer.subscribe([k.topics.spans, k.topics.control], listener=_Rebalance(self))
@@ -186,7 +188,13 @@ class ToolwitnessService:
                     await asyncio.sleep(delay)
                     continue
                 self.retry.reset()
-                await consumer.commit(result.offsets)
+                try:
+                    await consumer.commit(result.offsets)
+                except (CommitFailedError, IllegalStateError) as exc:
+                    # The partitions moved during the batch: the new owner replays it, and every
+                    # step is idempotent (identical re-sends at most). Keep polling.
+                    COMMIT_FAILURES.labels(self.name).inc()
+                    log.warning("service: offsets not committed (%s); the new owner replays the batch", exc)
             await self._publish_watermarks()
 
     async def _publish_watermarks(self) -> None:

@@ -57,6 +57,10 @@ EXPORT_FAILURES = Counter(
     "toolwitness_export_failures", "Exporter errors caught and counted (never raised into the poll loop).",
     ["component"], registry=REGISTRY,
 )
+COMMIT_FAILURES = Counter(
+    "toolwitness_commit_failures", "Offset commits refused after a rebalance (the batch is replayed).",
+    ["component"], registry=REGISTRY,
+)
 BATCH_SECONDS = Histogram(
     "toolwitness_batch_seconds", "Time to process one consumed batch through the commit protocol.",
     ["component"], registry=REGISTRY,
