@@ -56,6 +56,8 @@ class Engine:
         self.decider = Decider(cfg)
         self._exp_cache: OrderedDict[Key, RegisteredExpectation] = OrderedDict()
         self.fmt = cfg.kafka.output_format
+        #: expectations created before this time lost their span evidence (Redis data loss).
+        self.lost_at_ms = 0
 
     def remember(self, exp: RegisteredExpectation) -> None:
         self._exp_cache[(exp.tenant, exp.expectation_id)] = exp
@@ -101,7 +103,12 @@ class Engine:
             if isinstance(exp.scope, SessionScorable):
                 session_complete = await self.store.session_complete(exp.tenant, exp.scope.session_id)
             obs = self.decider.observation_for(
-                exp, traces[k], work.states, watermark_ms, session_complete=session_complete
+                exp,
+                traces[k],
+                work.states,
+                watermark_ms,
+                session_complete=session_complete,
+                lost=exp.created_ms < self.lost_at_ms,
             )
             verdict, rationale, meta = await self.decider.judge(exp, obs, final=final)
             if k in work.revisions:

@@ -26,6 +26,7 @@ from collector.exporters.base import ExportError
 from collector.exporters.kafka import KafkaExporter, kafka_security_kwargs
 from collector.pipeline.checkpoint import Checkpoint
 from collector.pipeline.engine import Engine, Work
+from collector.pipeline.recovery import Recovery
 from collector.processors.completion import WatermarkTracker
 from collector.processors.trace_state import TraceStateStore
 from collector.telemetry.metrics import COMMIT_FAILURES, CONSUMER_LAG, EXPORT_FAILURES
@@ -111,6 +112,7 @@ class ToolwitnessService:
         self.exporter = KafkaExporter(cfg.kafka)
         self.engine = Engine(cfg, self.store, self.exporter)
         self.watermarks = WatermarkTracker(self.redis, self.store.k.watermarks(cfg.kafka.topics.spans), cfg.completion)
+        self.recovery = Recovery(cfg, self.store)
         self.checkpoint = Checkpoint(cfg, self.store, self.engine, self.exporter, self.watermarks)
         self.consumer: AIOKafkaConsumer | None = None
         self.admin = AdminServer(cfg.admin.host, cfg.admin.port, ready=self.ready, alive=self.alive)
@@ -132,6 +134,8 @@ class ToolwitnessService:
         await self.admin.start()
         await asyncio.wait_for(self.redis.ping(), timeout=10)
         await self.store.start()
+        await self.recovery.start()
+        self.engine.lost_at_ms = self.recovery.lost_at_ms
         await ensure_topics(self.cfg)
         await self.exporter.start()
         k = self.cfg.kafka
@@ -232,6 +236,10 @@ class ToolwitnessService:
         this process dies holding them, they are due again when the lease ends; once handled,
         they are released.
         """
+        if await self.recovery.check():
+            async with self.batch_lock:
+                await self.recovery.recover(self.consumer)
+                self.engine.lost_at_ms = self.recovery.lost_at_ms
         now = int(time.time() * 1000)
         k = self.store.k
         watermark = await self.watermarks.global_watermark(now)

@@ -58,6 +58,8 @@ class Keys:
         self.deadlines = f"{prefix}:deadlines"
         self.await_watermark = f"{prefix}:await_wm"
         self.unpublished = f"{prefix}:unpub"
+        self.epoch = f"{prefix}:epoch"
+        self.lost_at = f"{prefix}:lost_at"
 
     def state(self, tenant: str, trace_id: str) -> str:
         return f"{self.p}:{{{tenant}:{trace_id}}}:s"
@@ -366,6 +368,18 @@ class TraceStateStore:
             args=[version, score_id, event, observation, verdict, self.ttl_ms, now_ms, member(tenant, expectation_id)],
         )
         return Decision(bool(r[0]), int(r[1]), _s(r[2]), _b(r[3]), _b(r[4]), int(r[5]) == 1, _s(r[6]))
+
+    async def restore_decision(
+        self, tenant: str, expectation_id: str, version: int, score_id: str, event: bytes, verdict: str
+    ) -> None:
+        """Re-create a published decision read back from the scores topic (data-loss recovery)."""
+        key = self.k.decision(tenant, expectation_id)
+        cur = await self.redis.hget(key, "v")
+        if cur is not None and int(cur) >= version:
+            return
+        await self.redis.hset(key, mapping={"v": version, "sid": score_id, "ev": event, "ob": b"", "pub": 1,
+                                            "verdict": verdict})
+        await self.redis.pexpire(key, self.ttl_ms)
 
     async def mark_published(self, items: Sequence[tuple[str, str]]) -> None:
         """Step 4: mark decisions published so the sweeper does not re-send them."""

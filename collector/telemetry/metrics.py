@@ -61,6 +61,10 @@ COMMIT_FAILURES = Counter(
     "toolwitness_commit_failures", "Offset commits refused after a rebalance (the batch is replayed).",
     ["component"], registry=REGISTRY,
 )
+STATE_LOSSES = Counter(
+    "toolwitness_state_losses", "Times Redis was found to have lost its data (evidence marked state_lost).",
+    ["component"], registry=REGISTRY,
+)
 BATCH_SECONDS = Histogram(
     "toolwitness_batch_seconds", "Time to process one consumed batch through the commit protocol.",
     ["component"], registry=REGISTRY,

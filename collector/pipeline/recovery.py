@@ -1,0 +1,127 @@
+"""Recovery from Redis data loss: lost evidence becomes UNDETERMINED (``state_lost``), never FALSE.
+
+Redis holds an *epoch* key. If it disappears (a restart without persistence, a flush,
+a failover to an empty replica), every instance that notices:
+
+1. records ``lost_at`` (the first instance to notice wins): expectations created before
+   it have lost the evidence of their spans, so their coverage carries ``state_lost``
+   and absence can never be proven for them;
+2. rebuilds the decision records from the scores topic (the log is the source of truth
+   for what was already published), so no published score is ever contradicted;
+3. seeks its control partitions back to the beginning, so every expectation is
+   registered again (idempotent) and decided — TRUE if new spans prove it, otherwise
+   UNDETERMINED at its original deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from collector.config import ServiceConfig
+from collector.exporters.kafka import kafka_security_kwargs
+from collector.processors.trace_state import TraceStateStore
+from collector.telemetry.metrics import STATE_LOSSES
+from collector.wire.convert import decode_score_event
+
+log = logging.getLogger("toolwitness.recovery")
+
+
+class Recovery:
+    name = "pipeline/recovery"
+
+    def __init__(self, cfg: ServiceConfig, store: TraceStateStore) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.epoch: str | None = None
+        self.lost_at_ms = 0
+
+    async def start(self) -> None:
+        """Adopt the current epoch (creating it on a fresh Redis) and any recorded loss time."""
+        r = self.store.redis
+        await r.set(self.store.k.epoch, uuid.uuid4().hex, nx=True)
+        raw = await r.get(self.store.k.epoch)
+        self.epoch = raw.decode() if isinstance(raw, bytes) else raw
+        lost = await r.get(self.store.k.lost_at)
+        self.lost_at_ms = int(lost) if lost else 0
+
+    async def check(self) -> bool:
+        """True if Redis lost its data since this instance adopted the epoch."""
+        raw = await self.store.redis.get(self.store.k.epoch)
+        current = raw.decode() if isinstance(raw, bytes) else raw
+        return current != self.epoch
+
+    async def recover(self, consumer: AIOKafkaConsumer | None) -> None:
+        r = self.store.redis
+        now = int(time.time() * 1000)
+        STATE_LOSSES.labels(self.name).inc()
+        await r.set(self.store.k.lost_at, now, nx=True)
+        lost = await r.get(self.store.k.lost_at)
+        self.lost_at_ms = int(lost) if lost else now
+        await r.set(self.store.k.epoch, uuid.uuid4().hex, nx=True)
+        raw = await r.get(self.store.k.epoch)
+        restored = await self.restore_decisions()
+        self.epoch = raw.decode() if isinstance(raw, bytes) else raw
+        replayed = 0
+        if consumer is not None:
+            control = [tp for tp in consumer.assignment() if tp.topic == self.cfg.kafka.topics.control]
+            if control:
+                await consumer.seek_to_beginning(*control)
+                replayed = len(control)
+        log.error(
+            "%s: Redis lost its data; evidence before %d ms is marked state_lost, %d published decisions "
+            "restored from the scores topic, %d control partitions replayed",
+            self.name,
+            self.lost_at_ms,
+            restored,
+            replayed,
+        )
+
+    async def restore_decisions(self, timeout_s: float = 60.0) -> int:
+        """Re-create decision records (published) from the scores topic, newest version wins."""
+        k = self.cfg.kafka
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=k.bootstrap_servers,
+            client_id=f"{k.client_id}-recovery",
+            enable_auto_commit=False,
+            group_id=None,
+            **kafka_security_kwargs(k),
+        )
+        await asyncio.wait_for(consumer.start(), timeout=timeout_s)
+        restored = 0
+        try:
+            await consumer.topics()  # refresh metadata: this consumer subscribes to nothing
+            parts = consumer.partitions_for_topic(k.topics.scores) or set()
+            tps = [TopicPartition(k.topics.scores, p) for p in sorted(parts)]
+            if not tps:
+                return 0
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            async with asyncio.timeout(timeout_s):
+                while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+                    batch = await consumer.getmany(timeout_ms=200, max_records=1000)
+                    for records in batch.values():
+                        for rec in records:
+                            if rec.value is None:
+                                continue
+                            try:
+                                ev = decode_score_event(rec.value)
+                            except Exception:  # not a score event of ours: nothing to restore
+                                continue
+                            await self.store.restore_decision(
+                                ev.tenant,
+                                ev.expectation_id,
+                                ev.version,
+                                ev.score_id,
+                                rec.value,
+                                {1: "true", 2: "false", 3: "undetermined"}.get(ev.status, ""),
+                            )
+                            restored += 1
+        finally:
+            await consumer.stop()
+        return restored

@@ -1,0 +1,53 @@
+"""Redis loses its data while expectations are pending: lost evidence turns into
+UNDETERMINED (`state_lost`), never FALSE, and no published score is contradicted."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from opentelemetry.context import Context
+
+from scoring.models import TraceScorable
+from tests.integration.harness import control_client, expects, make_agent, make_config, running_service, until, verdict
+
+pytestmark = pytest.mark.integration
+
+
+async def test_data_loss_never_turns_into_false(kafka_bootstrap: str, redis_url: str) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    agent = make_agent(cfg)
+    prefix = cfg.redis.key_prefix
+    async with running_service(cfg) as service, control_client(cfg) as tw:
+        with agent.tracer.start_as_current_span("agent", context=Context()) as a:
+            agent.tool("x_tool")
+            trace_a = f"{a.get_span_context().trace_id:032x}"
+        with agent.tracer.start_as_current_span("agent", context=Context()) as b:
+            agent.tool("other_tool")
+            trace_b = f"{b.get_span_context().trace_id:032x}"
+        decided = await tw.expect(TraceScorable(trace_ids=(trace_a,)), expects("x_tool"))
+        assert verdict(await tw.wait_for(decided, timeout=30)) == "true"
+        pending = await tw.expect(TraceScorable(trace_ids=(trace_b,)), expects("y_tool"), deadline=timedelta(seconds=8))
+        # Wait until the service holds trace B's evidence, then lose every key of this deployment.
+        await until(lambda: service.redis.exists(service.store.k.state("default", trace_b)))
+        await until(lambda: service.redis.exists(service.store.k.expectation("default", pending)))
+        lost = [key async for key in service.redis.scan_iter(match=f"{prefix}*", count=1000)]
+        assert lost
+        await service.redis.delete(*lost)
+        # The producer now claims trace B is complete: its spans are gone, so absence is unprovable.
+        await tw.mark_complete(trace_b, span_count=agent.counter.count(trace_b))
+        ev = await tw.wait_for(pending, timeout=60)
+        assert verdict(ev) == "undetermined", ev
+        assert "state_lost" in ev.coverage.reasons
+        assert ev.trigger == "deadline"
+        # The score published before the loss is neither re-decided nor contradicted.
+        assert [e.score_id for e in tw.events(decided)] == [tw.events(decided)[0].score_id]
+        # New work after the loss is scored normally, FALSE included.
+        with agent.tracer.start_as_current_span("agent", context=Context()) as c:
+            agent.tool("x_tool")
+            trace_c = f"{c.get_span_context().trace_id:032x}"
+        fresh = await tw.expect(TraceScorable(trace_ids=(trace_c,)), expects("y_tool"))
+        await tw.mark_complete(trace_c, span_count=agent.counter.count(trace_c))
+        assert verdict(await tw.wait_for(fresh, timeout=30)) == "false"
+        assert service.recovery.lost_at_ms > 0
+    agent.close()
