@@ -24,6 +24,7 @@ raises ExportError before step 5, so the batch is retried, never skipped.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -34,8 +35,9 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from collector.config import ServiceConfig
 from collector.exporters.kafka import DeadLetter, KafkaExporter
-from collector.pipeline.engine import Engine, Work
+from collector.pipeline.engine import Engine, Published, Work
 from collector.processors.completion import WatermarkTracker
+from collector.processors.decide import Outcome
 from collector.processors.normalize import rejected_fact, span_fact
 from collector.processors.trace_state import TraceStateStore
 from collector.receivers.decode import RecordDecodeError, decode_span_record
@@ -45,6 +47,11 @@ from collector.wire.convert import ControlDecodeError, check_marker, decode_cont
 log = logging.getLogger("toolwitness.checkpoint")
 
 Batch = Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
+
+#: outcomes compare-and-set, produced and marked published together (steps 2b-4) ...
+DECIDE_SLICE = 128
+#: ... by this many concurrent lanes, so Redis and Kafka round trips overlap.
+DECIDE_LANES = 8
 
 
 @dataclass(slots=True)
@@ -144,19 +151,31 @@ class Checkpoint:
             await self._control(rec, msg, work, waits, dead)
         await self.store.await_watermark(waits)
 
-        # 2. decide (compare-and-set) + 3. produce ---------------------------------------------------
+        # 2. decide (compare-and-set) + 3. produce + 4. mark published, one slice of outcomes at a
+        # time, each slice in concurrent lanes (distinct expectations: independent; each decision
+        # keeps its own order). A decision stays unpublished for one slice only, well within the
+        # sweeper's re-send grace, so the sweeper does not re-send the decisions of a long batch.
         outcomes = await self.engine.evaluate(work, watermark)
-        published = await self.engine.decide_and_send(outcomes)
+        for i in range(0, len(outcomes), DECIDE_SLICE):
+            published = await self._decide_and_send(outcomes[i : i + DECIDE_SLICE])
+            await self.exporter.flush()
+            await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
+            res.published += len(published)
         for d in dead:
             await self.exporter.send_dead_letter(d)
         res.dead_letters = len(dead)
         await self.exporter.flush()
-        # 4. mark published
-        await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
-        res.published = len(published)
         BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
         # 5. the caller commits res.offsets
         return res
+
+    async def _decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:
+        lanes = [outcomes[j::DECIDE_LANES] for j in range(min(DECIDE_LANES, len(outcomes)))]
+        results = await asyncio.gather(*(self.engine.decide_and_send(lane) for lane in lanes), return_exceptions=True)
+        for r in results:  # every lane has finished: re-raise the first failure as it was
+            if isinstance(r, BaseException):
+                raise r
+        return [p for r in results if not isinstance(r, BaseException) for p in r]
 
     async def _control(
         self,

@@ -1,0 +1,921 @@
+"""``toolwitness bench pipeline``: the streaming service measured on real Kafka and Redis, in one run.
+
+Figures (issue 4, acceptance 8), all from the same run so their ratios mean something on a
+noisy machine:
+
+- **floor**: spans/s of a bare aiokafka consumer (the service's consumer settings, a fresh
+  group) that only consumes and decodes the records (``ExportTraceServiceRequest.ParseFromString``
+  + ``scoring.normalize.iter_otlp_request``);
+- **end to end**: spans/s of the in-process ``ToolwitnessService`` draining the same backlog
+  until every span is applied and every batch's scores are produced (one expectation per trace
+  registered beforehand through the control topic, so each trace is decided TRUE on the way);
+  ``ratio = end to end / floor``;
+- **time to verdict** p50/p99 at a stated load: a paced producer (its own process, so it does
+  not share an interpreter with the service) sends traces at the target span rate; for each
+  trace an expectation "tool X ran" was registered before. Latency = from the moment the record
+  carrying tool X is handed to the producer to the moment the score is read from the scores
+  topic by a consumer in that same process;
+- **Redis bytes** of one 25-span, 10-tool trace: ``MEMORY USAGE`` summed over the trace's keys
+  (state, pending and decided sets).
+
+Every record is one ``ExportTraceServiceRequest`` holding one whole trace (25 spans: an
+``invoke_agent`` root, 14 chat spans, 10 ``execute_tool`` spans), keyed by the 32-hex trace id,
+``otlp_proto``: what the Collector's kafkaexporter writes when it partitions by trace id.
+
+Exit code: 0 every target met, 1 measured but a target missed, 2 the run failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import pickle
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any, cast
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from collector.client import build_expectation
+from collector.client import ensure_topics as create_topics
+from collector.config import KafkaConfig, ServiceConfig, TopicsConfig, load_config
+from collector.exporters.kafka import kafka_security_kwargs
+from collector.pipeline.checkpoint import Batch, BatchResult, Checkpoint
+from collector.pipeline.service import ToolwitnessService
+from collector.processors.trace_state import Keys
+from collector.wire.convert import decode_score_event
+from collector.wire.gen import common_pb2, control_pb2
+from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
+from scoring.normalize import iter_otlp_request
+
+__all__ = ["TRACE_SPANS", "TRACE_TOOLS", "BenchTrace", "make_trace", "run_pipeline_bench", "trace_memory"]
+
+log = logging.getLogger("toolwitness.bench")
+
+TRACE_SPANS = 25
+TRACE_TOOLS = 10
+PARTITIONS = 4
+TENANT = "default"
+EXPECTATION_DEADLINE = timedelta(minutes=15)
+#: a tool no bench trace runs: the probe trace's second expectation stays pending (its pending set lives).
+ABSENT_TOOL = "tool_never_called"
+
+TARGET_RATIO = 0.5
+TARGET_P99_MS = 250.0
+TARGET_TRACE_BYTES = 2048
+#: the latency figures only count as "at the stated load" if the producer achieved this share of it.
+RATE_TOLERANCE = 0.95
+
+
+# --------------------------------------------------------------------------------------------------
+# Workload
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BenchTrace:
+    trace_id: str  # 32 hex
+    record: bytes  # otlp_proto ExportTraceServiceRequest with the whole trace
+    tool: str  # the tool the trace's expectation asks for
+    expectation_id: str
+
+
+def _kv(key: str, value: str | int) -> KeyValue:
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def make_trace(index: int, start_ns: int, *, expected_tool: int | None = None) -> BenchTrace:
+    """One trace of TRACE_SPANS spans with TRACE_TOOLS tool executions (GenAI semconv).
+
+    Children end before the root; children are in end order, the root is last (as an SDK
+    exports them). The expectation asks for ``tool_<expected_tool>`` (default: index mod 10).
+    """
+    trace_id = os.urandom(16)
+    root_id = os.urandom(8)
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.extend(
+        [
+            _kv("service.name", "bench-agent"),
+            _kv("telemetry.sdk.language", "python"),
+            _kv("telemetry.sdk.name", "opentelemetry"),
+            _kv("telemetry.sdk.version", "1.45.2"),
+        ]
+    )
+    ss = rs.scope_spans.add()
+    ss.scope.name = "toolwitness-bench"
+    kinds = ["chat", "tool"] * TRACE_TOOLS + ["chat"] * (TRACE_SPANS - 1 - 2 * TRACE_TOOLS)
+    tool_no = 0
+    step = 2_000_000
+    for j, kind in enumerate(kinds):
+        s = ss.spans.add()
+        s.trace_id = trace_id
+        s.span_id = os.urandom(8)
+        s.parent_span_id = root_id
+        s.flags = 0x101  # sampled, parent known to be local
+        s.kind = Span.SPAN_KIND_INTERNAL
+        s.start_time_unix_nano = start_ns + j * step
+        s.end_time_unix_nano = start_ns + j * step + step * 3 // 4
+        if kind == "chat":
+            s.name = "chat gpt-4o-mini"
+            s.attributes.extend(
+                [
+                    _kv("gen_ai.operation.name", "chat"),
+                    _kv("gen_ai.provider.name", "openai"),
+                    _kv("gen_ai.request.model", "gpt-4o-mini"),
+                    _kv("gen_ai.usage.input_tokens", 812 + j),
+                    _kv("gen_ai.usage.output_tokens", 64 + j),
+                ]
+            )
+        else:
+            name = f"tool_{tool_no}"
+            s.name = f"execute_tool {name}"
+            s.attributes.extend(
+                [
+                    _kv("gen_ai.operation.name", "execute_tool"),
+                    _kv("gen_ai.tool.name", name),
+                    _kv("gen_ai.tool.call.id", f"call_{os.urandom(6).hex()}"),
+                    _kv("gen_ai.tool.call.arguments", json.dumps({"query": f"item {index}-{tool_no}", "limit": 5})),
+                    _kv("gen_ai.tool.call.result", json.dumps({"status": "ok", "items": [index, tool_no, j]})),
+                ]
+            )
+            tool_no += 1
+    root = ss.spans.add()
+    root.trace_id = trace_id
+    root.span_id = root_id
+    root.flags = 0x101
+    root.kind = Span.SPAN_KIND_INTERNAL
+    root.name = "invoke_agent bench-agent"
+    root.start_time_unix_nano = start_ns
+    root.end_time_unix_nano = start_ns + len(kinds) * step
+    root.attributes.extend([_kv("gen_ai.operation.name", "invoke_agent"), _kv("gen_ai.agent.name", "bench-agent")])
+    tool = f"tool_{(index if expected_tool is None else expected_tool) % TRACE_TOOLS}"
+    return BenchTrace(trace_id.hex(), req.SerializeToString(), tool, uuid.uuid4().hex)
+
+
+def make_traces(n: int, *, on_trace: Callable[[], None] | None = None) -> list[BenchTrace]:
+    start = time.time_ns()
+    out = []
+    for i in range(n):
+        out.append(make_trace(i, start + i * 1_000_000))
+        if on_trace is not None:
+            on_trace()
+    return out
+
+
+def _control_record(trace: BenchTrace, tool: str | None = None, expectation_id: str | None = None) -> bytes:
+    exp = ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name=tool or trace.tool),)),))
+    msg = build_expectation(
+        expectation_id=expectation_id or trace.expectation_id,
+        tenant=TENANT,
+        scope=TraceScorable(trace_ids=(trace.trace_id,)),
+        expectation=exp,
+        deadline=EXPECTATION_DEADLINE,
+    )
+    return control_pb2.ControlMessage(expectation=msg).SerializeToString(deterministic=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Redis state measurement
+# --------------------------------------------------------------------------------------------------
+
+
+async def trace_memory(redis: Redis, keys: Keys, tenant: str, trace_id: str) -> dict[str, int]:
+    """``MEMORY USAGE`` (all samples) of one trace's keys: state, pending, decided (0 = key absent)."""
+    names = {
+        "state": keys.state(tenant, trace_id),
+        "pending": keys.pending(tenant, trace_id),
+        "decided": keys.decided(tenant, trace_id),
+    }
+    out: dict[str, int] = {}
+    for part, key in names.items():
+        used = await redis.memory_usage(key, samples=0)
+        out[part] = int(used or 0)
+    return out
+
+
+async def expectation_memory(redis: Redis, keys: Keys, tenant: str, expectation_id: str) -> dict[str, int]:
+    """``MEMORY USAGE`` of one expectation's keys: its definition and its decision (payloads included)."""
+    out: dict[str, int] = {}
+    for part, key in (
+        ("definition", keys.expectation(tenant, expectation_id)),
+        ("decision", keys.decision(tenant, expectation_id)),
+    ):
+        used = await redis.memory_usage(key, samples=0)
+        out[part] = int(used or 0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def bench_config(bootstrap: str | None, redis_url: str | None) -> ServiceConfig:
+    """The service config (env overrides honoured) with fresh topics, group and key prefix."""
+    run = uuid.uuid4().hex[:10]
+    data = load_config().model_dump()
+    kafka = data["kafka"]
+    if bootstrap:
+        kafka["bootstrap_servers"] = bootstrap
+    kafka["group_id"] = f"bench-{run}"
+    kafka["topics"] = {
+        "spans": f"bench-{run}-spans",
+        "control": f"bench-{run}-control",
+        "scores": f"bench-{run}-scores",
+        "observations": f"bench-{run}-obs",
+        "dlq": f"bench-{run}-dlq",
+    }
+    if redis_url:
+        data["redis"]["url"] = redis_url
+    data["redis"]["key_prefix"] = f"bench{run}"
+    data["admin"]["port"] = 0
+    data["instance"] = f"bench-{run}"
+    return ServiceConfig.model_validate(data)
+
+
+def _with_spans_topic(cfg: ServiceConfig, spans: str) -> ServiceConfig:
+    data = cfg.model_dump()
+    data["kafka"]["topics"]["spans"] = spans
+    return ServiceConfig.model_validate(data)
+
+
+def consumer_kwargs(k: KafkaConfig, group_id: str | None) -> dict[str, Any]:
+    """The service consumer's settings (ToolwitnessService.start), for another group."""
+    return {
+        "bootstrap_servers": k.bootstrap_servers,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "isolation_level": "read_committed",
+        "max_poll_records": k.max_poll_records,
+        "fetch_max_bytes": max(52428800, k.max_record_bytes * 2),
+        "max_partition_fetch_bytes": max(1048576, k.max_record_bytes + 65536),
+        "request_timeout_ms": k.request_timeout_ms,
+        **kafka_security_kwargs(k),
+    }
+
+
+def producer_kwargs(k: KafkaConfig, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap_servers": k.bootstrap_servers,
+        "enable_idempotence": True,
+        "acks": "all",
+        "request_timeout_ms": k.request_timeout_ms,
+        **kafka_security_kwargs(k),
+        **extra,
+    }
+
+
+async def until(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str, interval: float = 0.05) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not await predicate():  # noqa: ASYNC110 - the state lives in Redis/Kafka, not in an Event
+                await asyncio.sleep(interval)
+    except TimeoutError:
+        raise TimeoutError(f"bench: {what} not reached within {timeout:.0f}s") from None
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of ascending values."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def _finite(node: Any) -> Any:
+    """NaN/inf (nothing measured) as JSON null."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return None
+    if isinstance(node, dict):
+        return {k: _finite(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_finite(v) for v in node]
+    return node
+
+
+async def _produce(
+    k: KafkaConfig, topic: str, records: Sequence[tuple[bytes, bytes]], advance: Callable[[int], None] | None = None
+) -> None:
+    producer = AIOKafkaProducer(
+        **producer_kwargs(k, linger_ms=5, max_batch_size=1 << 20, max_request_size=max(1 << 20, k.max_record_bytes))
+    )
+    await asyncio.wait_for(producer.start(), timeout=30)
+    try:
+        pending = []
+        for key, value in records:
+            pending.append(await producer.send(topic, value=value, key=key))
+            if advance is not None:
+                advance(1)
+        async with asyncio.timeout(120):
+            await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurement hooks
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Meter:
+    """Counts spans applied by the service's checkpoint, batch by batch."""
+
+    first_start: float = 0.0
+    last_end: float = 0.0
+    spans: int = 0
+    batches: int = 0
+    target: int = 0
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
+    on_spans: Callable[[int], None] | None = None
+
+    def reset(self, target: int, on_spans: Callable[[int], None] | None = None) -> None:
+        self.first_start = self.last_end = 0.0
+        self.spans = self.batches = 0
+        self.target = target
+        self.reached = asyncio.Event()
+        self.on_spans = on_spans
+
+    def batch(self, started: float, ended: float, res: BatchResult) -> None:
+        if res.spans == 0:
+            return
+        if self.spans == 0:
+            self.first_start = started
+        self.spans += res.spans
+        self.batches += 1
+        self.last_end = ended
+        if self.on_spans is not None:
+            self.on_spans(res.spans)
+        if self.target and self.spans >= self.target:
+            self.reached.set()
+
+
+class TimedCheckpoint(Checkpoint):
+    """The service's own checkpoint, timed: the service runs unchanged, we only observe."""
+
+    def __init__(self, base: Checkpoint, meter: Meter) -> None:
+        super().__init__(base.cfg, base.store, base.engine, base.exporter, base.watermarks)
+        self.meter = meter
+
+    async def process(self, batch: Batch) -> BatchResult:
+        started = time.perf_counter()
+        res = await super().process(batch)
+        self.meter.batch(started, time.perf_counter(), res)
+        return res
+
+
+@contextlib.asynccontextmanager
+async def _service(cfg: ServiceConfig, meter: Meter | None = None) -> Any:
+    service = ToolwitnessService(cfg)
+    if meter is not None:
+        service.checkpoint = TimedCheckpoint(service.checkpoint, meter)
+    await asyncio.wait_for(service.start(), timeout=90)
+    task = asyncio.create_task(service.run(), name="bench-service")
+    try:
+        yield service
+    finally:
+        service.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=30)
+        await service.shutdown()
+
+
+async def _registered(redis: Redis, keys: Keys, ids: Sequence[str]) -> int:
+    n = 0
+    for i in range(0, len(ids), 2000):
+        chunk = ids[i : i + 2000]
+        n += int(await redis.exists(*[keys.expectation(TENANT, e) for e in chunk]))
+    return n
+
+
+async def _decided_true(redis: Redis, keys: Keys, ids: Sequence[str]) -> tuple[int, int]:
+    """(decided TRUE, of them marked published) among ``ids``."""
+    true = published = 0
+    for i in range(0, len(ids), 2000):
+        async with redis.pipeline(transaction=False) as pipe:
+            for e in ids[i : i + 2000]:
+                pipe.hmget(keys.decision(TENANT, e), ["verdict", "pub"])
+            rows = await pipe.execute()
+        for verdict, pub in rows:
+            if verdict == b"true":
+                true += 1
+                published += pub == b"1"
+    return true, published
+
+
+async def _committed_all(cfg: ServiceConfig, topic: str) -> bool:
+    """True when the service group's committed offsets on ``topic`` equal the end offsets."""
+    k = cfg.kafka
+    admin = AIOKafkaAdminClient(bootstrap_servers=k.bootstrap_servers, **kafka_security_kwargs(k))
+    consumer = AIOKafkaConsumer(**consumer_kwargs(k, None))
+    await asyncio.wait_for(admin.start(), timeout=30)
+    await asyncio.wait_for(consumer.start(), timeout=30)
+    try:
+        parts = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or set())]
+        if not parts:
+            await consumer.topics()
+            parts = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or set())]
+        ends = await consumer.end_offsets(parts)
+        committed = await admin.list_consumer_group_offsets(k.group_id, partitions=parts)
+        return all(committed.get(tp) is not None and committed[tp].offset == ends[tp] for tp in parts)
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Phases
+# --------------------------------------------------------------------------------------------------
+
+
+async def measure_floor(cfg: ServiceConfig, total_spans: int, advance: Callable[[int], None]) -> dict[str, float]:
+    """Consume + decode the spans topic with a bare aiokafka consumer (fresh group)."""
+    k = cfg.kafka
+    consumer = AIOKafkaConsumer(**consumer_kwargs(k, f"{k.group_id}-floor"))
+    consumer.subscribe([k.topics.spans])
+    await asyncio.wait_for(consumer.start(), timeout=60)
+    spans = 0
+    first = 0.0
+    try:
+        async with asyncio.timeout(max(120.0, total_spans / 500)):
+            while spans < total_spans:
+                batch = await consumer.getmany(timeout_ms=k.poll_timeout_ms, max_records=k.max_poll_records)
+                if not batch:
+                    continue
+                if not first:
+                    first = time.perf_counter()
+                n = 0
+                for records in batch.values():
+                    for rec in records:
+                        req = ExportTraceServiceRequest()
+                        req.ParseFromString(rec.value)
+                        for _span in iter_otlp_request(cast(TracesData, req)):  # same resource_spans shape
+                            n += 1
+                spans += n
+                advance(n)
+        elapsed = time.perf_counter() - first
+    finally:
+        await consumer.stop()
+    return {"spans": spans, "seconds": elapsed, "spans_per_s": spans / elapsed}
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyJob:
+    """What the paced-producer process needs (picklable)."""
+
+    kafka: dict[str, Any]
+    spans_topic: str
+    scores_topic: str
+    records: list[tuple[bytes, bytes, str]]  # key, value, expectation id
+    spans_per_record: int
+    rate: int
+    wait_s: float
+
+
+@dataclass(slots=True)
+class LatencyResult:
+    sent: int = 0
+    spans_sent: int = 0
+    send_seconds: float = 0.0
+    achieved_rate: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+    missing: int = 0
+
+
+def latency_child_main() -> None:
+    """Entry point of the paced-producer process: a pickled LatencyJob on stdin, the result on stdout."""
+    job = pickle.load(sys.stdin.buffer)  # written by our own parent process
+    result = asyncio.run(_latency_run(job))
+    sys.stdout.buffer.write(pickle.dumps(result))
+    sys.stdout.buffer.flush()
+
+
+async def run_latency_process(job: LatencyJob, timeout: float) -> LatencyResult:
+    """Run the paced producer + scores reader in a separate interpreter (not sharing the service's)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from collector.bench import latency_child_main; latency_child_main()",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(pickle.dumps(job)), timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"the latency process exited with status {proc.returncode}")
+    result = pickle.loads(out)  # written by our own child process
+    if not isinstance(result, LatencyResult):
+        raise RuntimeError(f"the latency process returned {type(result).__name__}")
+    return result
+
+
+async def _latency_run(job: LatencyJob) -> LatencyResult:
+    k = KafkaConfig.model_validate(job.kafka)
+    arrivals: dict[str, tuple[float, int]] = {}
+    wanted = {eid for _k, _v, eid in job.records}
+    all_in = asyncio.Event()
+    consumer = AIOKafkaConsumer(
+        job.scores_topic,
+        bootstrap_servers=k.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="latest",
+        fetch_max_wait_ms=100,
+        **kafka_security_kwargs(k),
+    )
+    producer = AIOKafkaProducer(**producer_kwargs(k))
+    await asyncio.wait_for(consumer.start(), timeout=30)
+    await asyncio.wait_for(producer.start(), timeout=30)
+
+    async def read_scores() -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            now = time.perf_counter()
+            for records in batch.values():
+                for rec in records:
+                    ev = decode_score_event(rec.value)
+                    if ev.expectation_id in wanted and ev.expectation_id not in arrivals:
+                        arrivals[ev.expectation_id] = (now, ev.status)
+            if len(arrivals) >= len(wanted):
+                all_in.set()
+
+    out = LatencyResult()
+    reader: asyncio.Task[None] | None = None
+    try:
+        assigned = consumer.assignment()
+        await consumer.seek_to_end(*assigned)
+        for tp in assigned:
+            await consumer.position(tp)
+        await producer.partitions_for(job.spans_topic)  # metadata before the clock starts
+        reader = asyncio.create_task(read_scores())
+        interval = job.spans_per_record / job.rate
+        sent_at: dict[str, float] = {}
+        acks = []
+        t0 = time.perf_counter()
+        last = t0
+        for i, (key, value, eid) in enumerate(job.records):
+            delay = t0 + i * interval - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            last = sent_at[eid] = time.perf_counter()
+            acks.append(await producer.send(job.spans_topic, value=value, key=key))
+        async with asyncio.timeout(60):
+            await asyncio.gather(*acks)
+        out.sent = len(job.records)
+        out.spans_sent = out.sent * job.spans_per_record
+        out.send_seconds = last - t0
+        # n records at fixed spacing span (n - 1) intervals
+        out.achieved_rate = (out.sent - 1) * job.spans_per_record / out.send_seconds if out.sent > 1 else 0.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_in.wait(), timeout=job.wait_s)
+        for eid, (arrived, status) in arrivals.items():
+            out.latencies_ms.append((arrived - sent_at[eid]) * 1000)
+            name = common_pb2.ScoreStatus.Name(status)  # type: ignore[arg-type]
+            out.statuses[name] = out.statuses.get(name, 0) + 1
+        out.latencies_ms.sort()
+        out.missing = len(wanted) - len(arrivals)
+    finally:
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+        await producer.stop()
+        await consumer.stop()
+    return out
+
+
+async def _cleanup(cfg: ServiceConfig, extra_topics: Sequence[str]) -> None:
+    """Drop the run's Redis keys and topics (best effort: shared servers)."""
+    r = Redis.from_url(cfg.redis.url)
+    try:
+        batch: list[bytes] = []
+        async for key in r.scan_iter(match=f"{cfg.redis.key_prefix}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                await r.unlink(*batch)
+                batch = []
+        if batch:
+            await r.unlink(*batch)
+    finally:
+        await r.aclose()
+    t = cfg.kafka.topics
+    admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka.bootstrap_servers, **kafka_security_kwargs(cfg.kafka))
+    await asyncio.wait_for(admin.start(), timeout=30)
+    try:
+        await admin.delete_topics([t.spans, t.control, t.scores, t.observations, t.dlq, *extra_topics])
+    finally:
+        await admin.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    target: str
+    value: str
+    met: bool
+
+
+def _targets(report: dict[str, Any], rate: int) -> list[Target]:
+    lat = report["latency"]
+    at_load = lat["achieved_rate"] >= RATE_TOLERANCE * rate
+    return [
+        Target(
+            "end-to-end / floor",
+            f">= {TARGET_RATIO}",
+            f"{report['ratio']:.2f}",
+            report["ratio"] >= TARGET_RATIO and report["e2e"]["decided_true"] == report["e2e"]["expectations"],
+        ),
+        Target(
+            f"time-to-verdict p99 at {rate:,} spans/s",
+            f"< {TARGET_P99_MS:.0f} ms (achieved >= {RATE_TOLERANCE:.0%} of rate, every verdict read)",
+            f"{lat['p99_ms']:.1f} ms at {lat['achieved_rate']:,.0f} spans/s, {lat['missing']} missing",
+            lat["p99_ms"] < TARGET_P99_MS and at_load and lat["missing"] == 0,
+        ),
+        Target(
+            "Redis bytes / trace (25 spans, 10 tools)",
+            f"<= {TARGET_TRACE_BYTES:,} B",
+            f"{report['redis']['trace_bytes']:,} B",
+            0 < report["redis"]["trace_bytes"] <= TARGET_TRACE_BYTES,
+        ),
+    ]
+
+
+def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
+    f, e, lat, rd = report["floor"], report["e2e"], report["latency"], report["redis"]
+    t = Table(title=f"toolwitness bench pipeline — one run, {report['partitions']} partitions, {report['cpus']} CPUs")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_column("detail")
+    t.add_row(
+        "floor: aiokafka consume + decode",
+        f"{f['spans_per_s']:,.0f} spans/s",
+        f"{f['spans']:,} spans in {f['seconds']:.2f} s",
+    )
+    t.add_row(
+        "end to end: service applied + decided",
+        f"{e['spans_per_s']:,.0f} spans/s",
+        f"{e['spans']:,} spans in {e['seconds']:.2f} s, {e['batches']} batches; {e['decided_true']:,}/"
+        f"{e['expectations']:,} decided TRUE ({e['decisions_per_s']:,.0f}/s), "
+        f"offsets committed: {'yes' if e['offsets_committed'] else 'NO'}",
+    )
+    t.add_row("ratio end to end / floor", f"{report['ratio']:.2f}", "")
+    t.add_row(
+        "latency run: achieved rate",
+        f"{lat['achieved_rate']:,.0f} spans/s",
+        f"target {lat['target_rate']:,} spans/s, {lat['traces']:,} traces in {lat['seconds']:.1f} s",
+    )
+    t.add_row("time to verdict p50", f"{lat['p50_ms']:.1f} ms", "deciding record produced → score read")
+    t.add_row(
+        "time to verdict p99",
+        f"{lat['p99_ms']:.1f} ms",
+        f"max {lat['max_ms']:.1f} ms; {lat['verdicts']:,} read, {lat['missing']} missing; {lat['statuses']}",
+    )
+    parts = ", ".join(f"{k} {v:,}" for k, v in rd["trace_keys"].items())
+    t.add_row("Redis bytes / trace (25 spans, 10 tools)", f"{rd['trace_bytes']:,} B", f"MEMORY USAGE: {parts}")
+    t.add_row(
+        "  decided trace (no pending set), mean",
+        f"{rd['decided_trace_bytes_mean']:,.0f} B",
+        f"over {rd['sampled_traces']} traces",
+    )
+    exp = ", ".join(f"{k} {v:,}" for k, v in rd["expectation_keys"].items())
+    t.add_row("  per expectation (not per trace)", f"{rd['expectation_bytes']:,} B", exp)
+    t.add_section()
+    for tg in targets:
+        t.add_row(
+            f"target: {tg.name}", "[green]met[/]" if tg.met else "[red]MISSED[/]", f"{tg.value} (target {tg.target})"
+        )
+    return t
+
+
+async def run_pipeline_bench(
+    *,
+    spans: int = 50000,
+    rate: int = 5000,
+    as_json: bool = False,
+    bootstrap: str | None = None,
+    redis_url: str | None = None,
+    latency_seconds: float = 10.0,
+) -> int:
+    """Run the pipeline benchmark and print a table (or JSON). Exit code: 0 met, 1 missed, 2 failed."""
+    if spans < TRACE_SPANS or rate < TRACE_SPANS or latency_seconds <= 0:
+        raise ValueError(f"need spans >= {TRACE_SPANS}, rate >= {TRACE_SPANS}, latency_seconds > 0")
+    err = Console(stderr=True)
+    out = Console()
+    if not out.is_terminal:  # piped: do not wrap the table at 80 columns
+        out = Console(width=160)
+    try:
+        cfg = bench_config(bootstrap, redis_url)
+    except Exception as exc:
+        err.print(f"toolwitness bench: {exc}")
+        return 2
+    warm_topic = f"{cfg.kafka.topics.spans}-warm"
+    try:
+        report = await _run(cfg, spans, rate, latency_seconds, err, warm_topic)
+    except Exception as exc:
+        log.debug("bench failed", exc_info=True)
+        err.print(f"toolwitness bench pipeline failed: {type(exc).__name__}: {exc}")
+        return 2
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_cleanup(cfg, [warm_topic]), timeout=60)
+    targets = _targets(report, rate)
+    report["targets"] = [asdict(t) for t in targets]
+    report["all_met"] = all(t.met for t in targets)
+    if as_json:
+        print(json.dumps(_finite(report), indent=2))
+    else:
+        out.print(_table(report, targets))
+        missed = [t.name for t in targets if not t.met]
+        out.print("all targets met" if not missed else f"targets MISSED: {', '.join(missed)}")
+    return 0 if report["all_met"] else 1
+
+
+async def _run(
+    cfg: ServiceConfig, spans: int, rate: int, latency_seconds: float, err: Console, warm_topic: str
+) -> dict[str, Any]:
+    k = cfg.kafka
+    t = k.topics
+    n_traces = max(1, spans // TRACE_SPANS)
+    n_lat = max(2, round(rate * latency_seconds / TRACE_SPANS))
+    total = n_traces * TRACE_SPANS
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    redis = Redis.from_url(cfg.redis.url)
+    keys = Keys(cfg.redis.key_prefix)
+    try:
+        with progress:
+
+            def task(desc: str, n: int) -> tuple[TaskID, Callable[[int], None]]:
+                tid = progress.add_task(desc, total=n)
+                return tid, lambda m: progress.advance(tid, m)
+
+            # 1. workload, topics, backlog --------------------------------------------------------------
+            _, adv = task("generate traces", n_traces + n_lat)
+            backlog = make_traces(n_traces, on_trace=lambda: adv(1))
+            later = make_traces(n_lat, on_trace=lambda: adv(1))
+            probe = backlog[0]
+            probe_pending_id = uuid.uuid4().hex
+            await create_topics(k.bootstrap_servers, t, security=k.security, partitions=PARTITIONS)
+            await create_topics(
+                k.bootstrap_servers,
+                TopicsConfig(**{**t.model_dump(), "spans": warm_topic}),
+                security=k.security,
+                partitions=PARTITIONS,
+            )
+            _, adv = task("produce span backlog", n_traces)
+            await _produce(k, t.spans, [(b.trace_id.encode(), b.record) for b in backlog], adv)
+            controls = [(b.expectation_id.encode(), _control_record(b)) for b in backlog]
+            controls.append((probe_pending_id.encode(), _control_record(probe, ABSENT_TOOL, probe_pending_id)))
+            await _produce(k, t.control, controls)
+
+            # 2. floor -----------------------------------------------------------------------------------
+            _, adv = task("floor: consume + decode", total)
+            floor = await measure_floor(cfg, total, adv)
+
+            # 3. register the expectations through the control topic (spans topic: an empty one) ------------
+            ids = [b.expectation_id for b in backlog] + [probe_pending_id]
+            tid, _ = task("register expectations", len(ids))
+
+            async def all_registered() -> bool:
+                n = await _registered(redis, keys, ids)
+                progress.update(tid, completed=n)
+                return n >= len(ids)
+
+            async with _service(_with_spans_topic(cfg, warm_topic)) as svc:
+                await until(all_registered, max(60.0, len(ids) / 100), "expectation registration")
+                async with svc.batch_lock:
+                    pass
+
+            # 4. end to end on the backlog ----------------------------------------------------------------
+            meter = Meter()
+            _, adv = task("end to end: service", total)
+            meter.reset(total, adv)
+            async with _service(cfg, meter) as svc:
+                try:
+                    await asyncio.wait_for(meter.reached.wait(), timeout=max(180.0, total / 200))
+                except TimeoutError:
+                    raise TimeoutError(f"service applied {meter.spans} of {total} spans in time") from None
+                e2e_seconds = meter.last_end - meter.first_start
+                e2e = {
+                    "spans": meter.spans,
+                    "seconds": e2e_seconds,
+                    "spans_per_s": meter.spans / e2e_seconds,
+                    "batches": meter.batches,
+                    "expectations": n_traces,
+                }
+                backlog_ids = [b.expectation_id for b in backlog]
+                true, published = await _decided_true(redis, keys, backlog_ids)
+                e2e["decided_true"] = true
+                e2e["decisions_per_s"] = true / e2e_seconds
+                e2e["published"] = published
+                committed = False
+                with contextlib.suppress(TimeoutError):
+                    await until(lambda: _committed_all(cfg, t.spans), 20, "offsets committed", interval=0.5)
+                    committed = True
+                e2e["offsets_committed"] = committed
+
+                # 5. Redis bytes -------------------------------------------------------------------------
+                probe_keys = await trace_memory(redis, keys, TENANT, probe.trace_id)
+                sample = backlog[1 : 1 + min(50, len(backlog) - 1)]
+                decided_sizes = [sum((await trace_memory(redis, keys, TENANT, b.trace_id)).values()) for b in sample]
+                exp_keys = await expectation_memory(redis, keys, TENANT, probe.expectation_id)
+                redis_report = {
+                    "trace_bytes": sum(probe_keys.values()),
+                    "trace_keys": probe_keys,
+                    "decided_trace_bytes_mean": (sum(decided_sizes) / len(decided_sizes)) if decided_sizes else 0.0,
+                    "sampled_traces": len(decided_sizes),
+                    "expectation_bytes": sum(exp_keys.values()),
+                    "expectation_keys": exp_keys,
+                }
+
+                # 6. time to verdict at a stated load ----------------------------------------------------
+                lat_ids = [b.expectation_id for b in later]
+                controls = [(b.expectation_id.encode(), _control_record(b)) for b in later]
+                tid, _ = task("register latency expectations", len(lat_ids))
+                await _produce(k, t.control, controls)
+
+                async def lat_registered() -> bool:
+                    n = await _registered(redis, keys, lat_ids)
+                    progress.update(tid, completed=n)
+                    return n >= len(lat_ids)
+
+                await until(lat_registered, max(60.0, len(lat_ids) / 100), "latency expectation registration")
+                async with svc.batch_lock:
+                    pass
+                _, adv = task(f"latency run at {rate:,} spans/s", n_lat * TRACE_SPANS)
+                meter.reset(0, adv)
+                job = LatencyJob(
+                    kafka=k.model_dump(),
+                    spans_topic=t.spans,
+                    scores_topic=t.scores,
+                    records=[(b.trace_id.encode(), b.record, b.expectation_id) for b in later],
+                    spans_per_record=TRACE_SPANS,
+                    rate=rate,
+                    wait_s=30.0,
+                )
+                res = await run_latency_process(job, timeout=latency_seconds + 180)
+    finally:
+        await redis.aclose()
+    lat = res.latencies_ms
+    return {
+        "spans": total,
+        "traces": n_traces,
+        "spans_per_trace": TRACE_SPANS,
+        "tools_per_trace": TRACE_TOOLS,
+        "partitions": PARTITIONS,
+        "cpus": os.cpu_count() or 0,
+        "floor": floor,
+        "e2e": e2e,
+        "ratio": e2e["spans_per_s"] / floor["spans_per_s"],
+        "latency": {
+            "target_rate": rate,
+            "achieved_rate": res.achieved_rate,
+            "seconds": res.send_seconds,
+            "traces": res.sent,
+            "spans": res.spans_sent,
+            "verdicts": len(lat),
+            "missing": res.missing,
+            "statuses": res.statuses,
+            "p50_ms": percentile(lat, 50),
+            "p99_ms": percentile(lat, 99),
+            "max_ms": lat[-1] if lat else math.nan,
+        },
+        "redis": redis_report,
+    }
