@@ -193,7 +193,9 @@ class Checkpoint:
                     msg.expectation,
                     default_tenant=default_tenant,
                     default_deadline_s=self.cfg.completion.default_deadline_seconds,
-                    now_ms=now_ms(),
+                    # The record's own time, not ours: a replay (crash, data-loss recovery)
+                    # gives the expectation the same creation time and deadline again.
+                    now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
                 )
                 if exp.scorer not in self.engine.decider.trees:
                     raise ControlDecodeError("unknown_scorer", f"scorer tree {exp.scorer!r} is not configured")
