@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from collector.config import ServiceConfig
 from collector.exporters.kafka import KafkaExporter
 from collector.processors.decide import Decider, Outcome
-from collector.processors.trace_state import TraceState, TraceStateStore
+from collector.processors.trace_state import DecideRequest, TraceState, TraceStateStore
 from collector.telemetry.metrics import DECISIONS, RESENT, REVISIONS, TIME_TO_VERDICT
 from collector.wire.convert import RegisteredExpectation, decode_observation, encode
 from scoring.models import SessionScorable, Verdict
@@ -133,26 +133,30 @@ class Engine:
         return outcomes
 
     async def decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:
-        """Steps 2b + 3: compare-and-set each decision, then produce the winning payloads.
+        """Steps 2b + 3: compare-and-set each decision (one pipeline), then produce the winners.
 
         A lost race (another instance or an earlier run decided first) re-sends the
         stored payload if it is not yet marked published: identical bytes, same score_id.
         """
-        sent: list[Published] = []
+        if not outcomes:
+            return []
         now_ms = int(datetime.now(UTC).timestamp() * 1000)
-        for o in outcomes:
-            exp = o.expectation
-            ev = encode(o.event, self.fmt)
-            ob = encode(o.observation, self.fmt)
-            d = await self.store.decide(
-                exp.tenant, exp.expectation_id, o.version, o.score_id, ev, ob, o.verdict.value, now_ms
+        requests = [
+            DecideRequest(
+                o.expectation.tenant,
+                o.expectation.expectation_id,
+                o.version,
+                o.score_id,
+                encode(o.event, self.fmt),
+                encode(o.observation, self.fmt),
+                o.verdict.value,
             )
-            if not d.won and (d.published or d.version > o.version):
-                continue
-            obs_id = o.observation.observation_id if d.won else decode_observation(d.observation).observation_id
-            await self.exporter.send_observation(obs_id, d.observation)
-            await self.exporter.send_score(exp.expectation_id, d.event)
-            sent.append(Published(exp.tenant, exp.expectation_id, resent=not d.won))
+            for o in outcomes
+        ]
+        decisions = await self.store.decide_many(requests)
+        decided: list[RegisteredExpectation] = []
+        finished: list[RegisteredExpectation] = []
+        for o, d in zip(outcomes, decisions, strict=True):
             if d.won:
                 DECISIONS.labels(self.name, o.verdict.value, o.trigger).inc()
                 TIME_TO_VERDICT.labels(self.name, o.verdict.value).observe(
@@ -160,11 +164,20 @@ class Engine:
                 )
                 if o.trigger == "revision":
                     REVISIONS.labels(self.name).inc()
-                if o.verdict is Verdict.UNDETERMINED or o.trigger == "revision":
-                    await self.store.forget(exp)
-                else:
-                    await self.store.move_to_decided(exp)
-            else:
+                final = o.verdict is Verdict.UNDETERMINED or o.trigger == "revision"
+                (finished if final else decided).append(o.expectation)
+        # Noted as unpublished before anything is sent: the sweeper re-sends it if we die now.
+        await self.store.settle(decided, finished, now_ms)
+        sent: list[Published] = []
+        for o, d in zip(outcomes, decisions, strict=True):
+            exp = o.expectation
+            if not d.won and (d.published or d.version > o.version):
+                continue
+            obs_id = o.observation.observation_id if d.won else decode_observation(d.observation).observation_id
+            await self.exporter.send_observation(obs_id, d.observation)
+            await self.exporter.send_score(exp.expectation_id, d.event)
+            sent.append(Published(exp.tenant, exp.expectation_id, resent=not d.won))
+            if not d.won:
                 RESENT.labels(self.name).inc()
         return sent
 

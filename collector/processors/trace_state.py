@@ -144,6 +144,17 @@ class ApplyResult:
     state: TraceState | None
 
 
+@dataclass(frozen=True, slots=True)
+class DecideRequest:
+    tenant: str
+    expectation_id: str
+    version: int
+    score_id: str
+    event: bytes
+    observation: bytes
+    verdict: str
+
+
 @dataclass(slots=True)
 class Decision:
     """What decide.lua holds for an expectation."""
@@ -297,18 +308,6 @@ class TraceStateStore:
             pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
             await pipe.execute()
 
-    async def move_to_decided(self, exp: RegisteredExpectation) -> None:
-        """A TRUE/FALSE decision keeps watching its traces only for a broken completion claim."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for trace in exp.trace_ids():
-                pipe.srem(self.k.pending(exp.tenant, trace), exp.expectation_id)
-                pipe.sadd(self.k.decided(exp.tenant, trace), exp.expectation_id)
-                pipe.pexpire(self.k.decided(exp.tenant, trace), self.ttl_ms)
-            if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-                pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
-            pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
-            await pipe.execute()
-
     async def mark_session_complete(self, tenant: str, session_id: str, at_ms: int) -> list[str]:
         """Record a session completion marker; return the session's pending expectation ids."""
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -350,24 +349,61 @@ class TraceStateStore:
             return None
         return Decision(False, int(cur[0]), _s(cur[1]), _b(cur[2]), _b(cur[3]), _s(cur[4]) == "1", _s(cur[5]))
 
-    async def decide(
-        self,
-        tenant: str,
-        expectation_id: str,
-        version: int,
-        score_id: str,
-        event: bytes,
-        observation: bytes,
-        verdict: str,
-        now_ms: int,
-    ) -> Decision:
-        """Step 2: compare-and-set the decision with its final payload and deterministic score id."""
+    async def decide_many(self, items: Sequence[DecideRequest]) -> list[Decision]:
+        """Step 2b: compare-and-set every decision of a batch in one pipeline of EVALSHA calls.
+
+        A lost compare-and-set that is not yet published (an earlier run decided and crashed)
+        gets its stored payload back, so exactly those bytes are re-sent.
+        """
         assert self._decide is not None
-        r = await self._decide(
-            keys=[self.k.decision(tenant, expectation_id), self.k.unpublished],
-            args=[version, score_id, event, observation, verdict, self.ttl_ms, now_ms, member(tenant, expectation_id)],
-        )
-        return Decision(bool(r[0]), int(r[1]), _s(r[2]), _b(r[3]), _b(r[4]), int(r[5]) == 1, _s(r[6]))
+        if not items:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for it in items:
+                await self._decide(
+                    keys=[self.k.decision(it.tenant, it.expectation_id)],
+                    args=[it.version, it.score_id, it.event, it.observation, it.verdict, self.ttl_ms],
+                    client=pipe,
+                )
+            raw = await pipe.execute()
+        out = [
+            Decision(bool(r[0]), int(r[1]), it.score_id, it.event, it.observation, int(r[2] or 0) == 1, it.verdict)
+            for it, r in zip(items, raw, strict=True)
+        ]
+        stale = [i for i, d in enumerate(out) if not d.won and not d.published]
+        if stale:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for i in stale:
+                    it = items[i]
+                    pipe.hmget(self.k.decision(it.tenant, it.expectation_id), ["sid", "ev", "ob", "verdict"])
+                for i, cur in zip(stale, await pipe.execute(), strict=True):
+                    d = out[i]
+                    out[i] = Decision(False, d.version, _s(cur[0]), _b(cur[1]), _b(cur[2]), False, _s(cur[3]))
+        return out
+
+    async def settle(
+        self, decided: Sequence[RegisteredExpectation], finished: Sequence[RegisteredExpectation], now_ms: int
+    ) -> None:
+        """After winning compare-and-sets: note them unpublished (for the sweeper) and update the indexes.
+
+        ``decided`` keep watching their traces for a broken completion claim; ``finished``
+        (UNDETERMINED, revisions) leave every index. One pipeline.
+        """
+        if not decided and not finished:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for exp in (*decided, *finished):
+                pipe.zadd(self.k.unpublished, {member(exp.tenant, exp.expectation_id): now_ms})
+                for trace in exp.trace_ids():
+                    pipe.srem(self.k.pending(exp.tenant, trace), exp.expectation_id)
+                if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
+                    pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
+                pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
+            for exp in decided:
+                for trace in exp.trace_ids():
+                    pipe.sadd(self.k.decided(exp.tenant, trace), exp.expectation_id)
+                    pipe.pexpire(self.k.decided(exp.tenant, trace), self.ttl_ms)
+            await pipe.execute()
 
     async def restore_decision(
         self, tenant: str, expectation_id: str, version: int, score_id: str, event: bytes, verdict: str
@@ -377,8 +413,9 @@ class TraceStateStore:
         cur = await self.redis.hget(key, "v")
         if cur is not None and int(cur) >= version:
             return
-        await self.redis.hset(key, mapping={"v": version, "sid": score_id, "ev": event, "ob": b"", "pub": 1,
-                                            "verdict": verdict})
+        await self.redis.hset(
+            key, mapping={"v": version, "sid": score_id, "ev": event, "ob": b"", "pub": 1, "verdict": verdict}
+        )
         await self.redis.pexpire(key, self.ttl_ms)
 
     async def mark_published(self, items: Sequence[tuple[str, str]]) -> None:
