@@ -36,7 +36,7 @@ from scoring.models import (
     TraceScorable,
     Verdict,
 )
-from scoring.models.evidence import AWAITING_COMPLETION, LATE_SPAN, ORPHAN_PARENT, STATE_LOST
+from scoring.models.evidence import AWAITING_COMPLETION, LATE_SPAN, NORMALIZATION_VERSION, ORPHAN_PARENT, STATE_LOST
 from scoring.score import (
     FloatScaleFallbackScorer,
     FloatScaleScorer,
@@ -234,11 +234,15 @@ class Decider:
         if isinstance(scope, MessageScorable | TraceScorable):
             scope = scope.model_copy()
         executions.sort(key=lambda e: (e.start_time_unix_nano, e.trace_id, e.span_id))
-        return Observation(
+        # Built from validated parts; its content id is computed only if it gets published
+        # (most evaluations decide nothing yet), in ``outcome``.
+        return Observation.model_construct(
+            observation_id="",
             scorable=scope,
             tool_executions=tuple(executions),
             coverage=coverage,
             acquisition=acquisition,
+            normalization_version=NORMALIZATION_VERSION,
             captured_at=datetime.now(UTC),
         )
 
@@ -270,6 +274,8 @@ class Decider:
         now: datetime,
     ) -> Outcome:
         sid = score_id_for(exp.expectation_id, version)
+        if not observation.observation_id:
+            observation = observation.model_copy(update={"observation_id": observation.content_hash()})
         ev = score_pb2.ScoreEvent(
             score_id=sid,
             expectation_id=exp.expectation_id,
