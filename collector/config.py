@@ -72,6 +72,9 @@ class RedisConfig(_Section):
     #: every key starts with it (lets several deployments or test runs share one Redis).
     key_prefix: str = Field(default="tw", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     state_ttl_seconds: int = Field(default=86400, ge=1)
+    #: a trace that is complete and whose expectations are decided keeps its state only this
+    #: long (late-span revisions); replay then uses the published observations.
+    completed_ttl_seconds: int = Field(default=300, ge=1)
     socket_timeout_seconds: float = Field(default=5.0, gt=0)
 
     @field_validator("url")

@@ -168,6 +168,16 @@ class Engine:
                 (finished if final else decided).append(o.expectation)
         # Noted as unpublished before anything is sent: the sweeper re-sends it if we die now.
         await self.store.settle(decided, finished, now_ms)
+        await self.store.reclaim(
+            sorted(
+                {
+                    (o.expectation.tenant, t)
+                    for o, d in zip(outcomes, decisions, strict=True)
+                    if d.won and o.observation.coverage.complete
+                    for t in o.expectation.trace_ids()
+                }
+            )
+        )
         sent: list[Published] = []
         for o, d in zip(outcomes, decisions, strict=True):
             exp = o.expectation

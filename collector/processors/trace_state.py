@@ -405,6 +405,17 @@ class TraceStateStore:
                     pipe.pexpire(self.k.decided(exp.tenant, trace), self.ttl_ms)
             await pipe.execute()
 
+    async def reclaim(self, traces: Sequence[tuple[str, str]]) -> None:
+        """Shorten the life of complete, decided traces' state (never lengthen it: PEXPIRE LT)."""
+        if not traces:
+            return
+        ms = self.cfg.redis.completed_ttl_seconds * 1000
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, trace in traces:
+                for key in (self.k.state(tenant, trace), self.k.decided(tenant, trace), self.k.pending(tenant, trace)):
+                    pipe.execute_command("PEXPIRE", key, ms, "LT")
+            await pipe.execute()
+
     async def restore_decision(
         self, tenant: str, expectation_id: str, version: int, score_id: str, event: bytes, verdict: str
     ) -> None:

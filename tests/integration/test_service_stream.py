@@ -59,8 +59,9 @@ async def test_seed_000_through_the_stream(kafka_bootstrap: str, redis_url: str)
         with agent.tracer.start_as_current_span("agent", context=Context()) as root2:
             agent.tool("other_tool")
             open_trace = f"{root2.get_span_context().trace_id:032x}"
-        und_id = await tw.expect(TraceScorable(trace_ids=(open_trace,)), expects("summarize"),
-                                 deadline=timedelta(seconds=2))
+        und_id = await tw.expect(
+            TraceScorable(trace_ids=(open_trace,)), expects("summarize"), deadline=timedelta(seconds=2)
+        )
         undetermined = await tw.wait_for(und_id, timeout=30)
         assert verdict(undetermined) == "undetermined"
         assert undetermined.trigger == "deadline"
@@ -105,7 +106,8 @@ async def test_message_scope_and_substring_composite(kafka_bootstrap: str, redis
     trees = {
         "tools": ScorerTreeConfig(type="otel_tool_call"),
         "done_and_tool": ScorerTreeConfig(
-            type="composite", aggregator="and",
+            type="composite",
+            aggregator="and",
             scorers=(ScorerTreeConfig(type="substring", substring="done"), ScorerTreeConfig(type="otel_tool_call")),
         ),
     }
@@ -142,8 +144,9 @@ async def test_marker_before_spans_never_gives_early_false(kafka_bootstrap: str,
         from opentelemetry import trace as trace_api
 
         ctx = trace_api.set_span_in_context(root)
-        with tracer.start_as_current_span("step1", context=ctx, attributes={
-            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}):
+        with tracer.start_as_current_span(
+            "step1", context=ctx, attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}
+        ):
             pass
         await asyncio.wait_for(_wait_spans(service, trace_id, 1), timeout=30)
         await settled(service, "default", eid)
@@ -188,7 +191,8 @@ async def test_broken_completion_claim_publishes_one_revision(kafka_bootstrap: s
         from opentelemetry import trace as trace_api
 
         with agent.tracer.start_as_current_span(
-            "summarize", context=trace_api.set_span_in_context(root),
+            "summarize",
+            context=trace_api.set_span_in_context(root),
             attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "summarize"},
         ):
             pass
@@ -218,3 +222,26 @@ async def _until_version(tw: object, eid: str, version: int) -> None:
             if latest is not None and latest.version >= version:
                 return
             await asyncio.sleep(0.05)
+
+
+async def test_state_of_decided_complete_traces_is_reclaimed(kafka_bootstrap: str, redis_url: str) -> None:
+    base = make_config(kafka_bootstrap, redis_url)
+    cfg = base.model_copy(update={"redis": base.redis.model_copy(update={"completed_ttl_seconds": 30})})
+    agent = make_agent(cfg)
+    async with running_service(cfg) as service, control_client(cfg) as tw:
+        ids = []
+        for _ in range(2):
+            with agent.tracer.start_as_current_span("agent", context=Context()) as root:
+                agent.tool("my_tool_call")
+                ids.append(f"{root.get_span_context().trace_id:032x}")
+        done, still_open = ids
+        eid = await tw.expect(TraceScorable(trace_ids=(done,)), expects("summarize"))
+        await tw.mark_complete(done, span_count=agent.counter.count(done))
+        assert verdict(await tw.wait_for(eid, timeout=30)) == "false"
+        open_eid = await tw.expect(TraceScorable(trace_ids=(still_open,)), expects("my_tool_call"))
+        assert verdict(await tw.wait_for(open_eid, timeout=30)) == "true"
+        state_ttl = await service.redis.pttl(service.store.k.state("default", done))
+        open_ttl = await service.redis.pttl(service.store.k.state("default", still_open))
+        assert 0 < state_ttl <= 30_000, state_ttl  # complete and decided: reclaimed after the grace period
+        assert open_ttl > 30_000, open_ttl  # not complete: kept for the full retention
+    agent.close()
