@@ -1,4 +1,4 @@
-"""``toolwitness eval``: evaluate configured scorers against human-labeled CSV files.
+"""``toolwitness eval``: evaluate configured scorers against human-labeled CSV files or labeled traces.
 
 :func:`eval_command` is a typer command function; the CLI mounts it with
 ``app.command("eval")(eval_command)``. Scorers are defined in a YAML file::
@@ -23,6 +23,21 @@
 ``scoring.score`` (imported when first needed); ``self_ask_true_false`` and
 ``self_ask_likert`` from :mod:`scoring.evaluation.judges`; ``python`` calls
 ``factory: "module:callable"`` with the remaining keys.
+
+A ``--dataset`` ending in ``.jsonl`` is a labeled-trace file
+(:mod:`scoring.evaluation.traces`). Its scorers are scorer trees with the service's keys —
+``otel_tool_call``, ``composite`` (``aggregator``, ``scorers: [...]``), ``fallback``
+(``scorer``, ``fallback_scorer``) and ``substring``/``plagiarism``/``inverter``/``threshold``
+nodes — and must contain an ``otel_tool_call`` leaf; each case runs through the embedded
+pipeline (:class:`scoring.evaluation.pipeline.EmbeddedTracePipelineScorer`)::
+
+    scorers:
+      tools:
+        type: otel_tool_call
+      tools_and_no_refusal:
+        type: composite
+        aggregator: and
+        scorers: [tools, {type: inverter, scorer: {type: substring, substring: "I can't"}}]
 """
 
 from __future__ import annotations
@@ -35,7 +50,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -49,6 +64,10 @@ from scoring.evaluation.identity import evaluation_hash
 from scoring.evaluation.metrics import HarmScorerMetrics, ObjectiveScorerMetrics
 from scoring.evaluation.protocols import EvaluableScorer
 from scoring.evaluation.registry import RegistryUpdateBehavior
+from scoring.evaluation.traces import TraceScorerMetrics, evaluate_traces_async, load_labeled_traces
+
+if TYPE_CHECKING:
+    from scoring.evaluation.pipeline import EmbeddedTracePipelineScorer
 
 SCORE_CLASSES = {
     "substring": "SubStringScorer",
@@ -58,7 +77,9 @@ SCORE_CLASSES = {
 }
 WRAPPER_TYPES = frozenset({"threshold", "inverter"})
 JUDGE_TYPES = frozenset({"self_ask_true_false", "self_ask_likert"})
-SCORER_TYPES = (*SCORE_CLASSES, *sorted(JUDGE_TYPES), "python")
+#: scorer-tree nodes only labeled traces use (built by scoring.evaluation.pipeline.build_scorer_tree)
+TRACE_TREE_TYPES = frozenset({"otel_tool_call", "composite", "fallback"})
+SCORER_TYPES = (*SCORE_CLASSES, *sorted(JUDGE_TYPES), "python", *sorted(TRACE_TREE_TYPES))
 RESERVED_KEYS = frozenset({"type", "tags", "scorer", "target", "description"})
 
 
@@ -147,6 +168,11 @@ class ScorerFactory:
             await close()
 
     def _build(self, definition: ScorerDefinition, stack: tuple[str, ...]) -> EvaluableScorer:
+        if definition.type in TRACE_TREE_TYPES:
+            raise ScorerConfigError(
+                f"scorer {definition.name!r} (type {definition.type}) judges traces: "
+                "point --dataset at a labeled-trace .jsonl file"
+            )
         params = dict(definition.params)
         if definition.type in WRAPPER_TYPES:
             params["scorer"] = self._nested(definition, stack)
@@ -242,6 +268,35 @@ def _import_factory(definition: ScorerDefinition) -> Callable[..., object]:
     return lambda **kwargs: factory(**{k: v for k, v in kwargs.items() if k != "factory"})
 
 
+def is_labeled_trace_dataset(dataset: str) -> bool:
+    """A ``--dataset`` ending in ``.jsonl`` is a labeled-trace file; anything else is CSV globs."""
+    return dataset.lower().endswith(".jsonl")
+
+
+def build_trace_scorer(definitions: Mapping[str, ScorerDefinition], name: str) -> EmbeddedTracePipelineScorer:
+    """The named scorer tree (it must contain ``otel_tool_call``) inside the embedded trace pipeline."""
+    from scoring.evaluation import pipeline  # scoring.score and protobuf only when traces are evaluated
+
+    def resolve(ref: str) -> Mapping[str, Any]:
+        definition = definitions[ref]  # KeyError → "unknown scorer"
+        raw: dict[str, Any] = {"type": definition.type, **definition.params}
+        if definition.scorer is not None:
+            raw["scorer"] = definition.scorer
+        return raw
+
+    if name not in definitions:
+        raise ScorerConfigError(f"unknown scorer {name!r}; defined: {sorted(definitions)}")
+    try:
+        tree = pipeline.build_scorer_tree(name, resolve=resolve)
+        if not pipeline.contains_otel_tool_call(tree):
+            raise ScorerConfigError(
+                f"scorer {name!r} has no otel_tool_call in its tree, so it cannot judge labeled traces"
+            )
+        return pipeline.EmbeddedTracePipelineScorer(tree)
+    except (pipeline.TraceTreeConfigError, TypeError) as exc:
+        raise ScorerConfigError(str(exc)) from exc
+
+
 # -- output ----------------------------------------------------------------------------
 
 
@@ -318,6 +373,18 @@ def summary_table(
                     f"{metrics.num_contested_responses} ({_num(metrics.mean_absolute_error_contested)})",
                 ),
             ]
+    if isinstance(metrics, TraceScorerMetrics):
+        rows += [
+            ("Verdicts with a time to verdict", str(metrics.num_time_to_verdict)),
+            (
+                "Time to verdict p50 / p95 (event time)",
+                f"{_num(metrics.time_to_verdict_p50_seconds, 3)} s / {_num(metrics.time_to_verdict_p95_seconds, 3)} s",
+            ),
+            (
+                "Time to verdict mean / max",
+                f"{_num(metrics.time_to_verdict_mean_seconds, 3)} s / {_num(metrics.time_to_verdict_max_seconds, 3)} s",
+            ),
+        ]
     rows += [
         ("Average score time", f"{metrics.average_score_time_seconds:.3f} s"),
         ("Source", source),
@@ -383,6 +450,55 @@ async def _run(
     return failures
 
 
+async def _run_traces(
+    console: Console,
+    definitions: Mapping[str, ScorerDefinition],
+    names: list[str],
+    dataset_path: str,
+    trials: int,
+    max_concurrency: int,
+    registry: Path | None,
+) -> int:
+    """Labeled traces: each scorer tree runs every case through the embedded pipeline."""
+    if registry is not None:
+        console.print("[yellow]--registry is not used for labeled traces; nothing is stored[/yellow]")
+    failures = 0
+    try:
+        dataset = load_labeled_traces(dataset_path)
+    except DatasetError as exc:
+        console.print(f"[red]{exc}[/red]", highlight=False)
+        return len(names)
+    for name in names:
+        try:
+            scorer = build_trace_scorer(definitions, name)
+            with Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            ) as progress:
+                task = progress.add_task(name, total=len(dataset.cases) * trials)
+                metrics = await evaluate_traces_async(
+                    scorer,
+                    dataset,
+                    num_scorer_trials=trials,
+                    max_concurrency=max_concurrency,
+                    on_progress=functools.partial(progress.advance, task),
+                )
+        except (ScorerConfigError, DatasetError) as exc:
+            failures += 1
+            console.print(f"[red]{name}: {exc}[/red]", highlight=False)
+            continue
+        except Exception as exc:  # one failing scorer must not stop a batch
+            failures += 1
+            console.print(f"[red]{name}: {type(exc).__name__}: {exc}[/red]", highlight=False)
+            continue
+        identifier = scorer.get_identifier()
+        console.print(summary_table(name, identifier.class_name, evaluation_hash(identifier), metrics))
+    return failures
+
+
 def eval_command(
     *,
     scorer: Annotated[str, typer.Option("--scorer", "-s", help="Scorer name(s) from --config, comma-separated.")] = "",
@@ -391,7 +507,12 @@ def eval_command(
         typer.Option("--config", "-c", help="YAML file with a `scorers:` mapping.", exists=True, dir_okay=False),
     ],
     dataset: Annotated[
-        str, typer.Option("--dataset", "-d", help="Glob of PyRIT-format human-labeled CSV files (quote it).")
+        str,
+        typer.Option(
+            "--dataset",
+            "-d",
+            help="Glob of PyRIT-format human-labeled CSV files (quote it), or one labeled-trace .jsonl file.",
+        ),
     ],
     trials: Annotated[int, typer.Option("--trials", min=1, help="Times each response is scored.")] = 1,
     max_concurrency: Annotated[
@@ -412,6 +533,11 @@ def eval_command(
         names = select_scorers(definitions, scorer, tags)
     except ScorerConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    failures = asyncio.run(_run(console, ScorerFactory(definitions), names, dataset, trials, max_concurrency, registry))
+    if is_labeled_trace_dataset(dataset):
+        failures = asyncio.run(_run_traces(console, definitions, names, dataset, trials, max_concurrency, registry))
+    else:
+        failures = asyncio.run(
+            _run(console, ScorerFactory(definitions), names, dataset, trials, max_concurrency, registry)
+        )
     if failures:
         raise typer.Exit(code=1)
