@@ -81,6 +81,13 @@ helm-render: helm ## Re-render deploy/helm/examples/*/rendered.yaml (commit the 
 	done
 
 .PHONY: collector-build
-collector-build: install ## Build the minimal OTel Collector (.cache/tools/otelcol-toolwitness) and run its collector_build tests
+collector-build: install ## Build the minimal OTel Collector (.cache/tools/otelcol-toolwitness; 4-9 min cold) and run its tests
 	bash scripts/tools.sh collector
 	$(VENV)/bin/pytest -m collector_build tests/unit/deploy
+
+.PHONY: interop
+interop: install ## OTel SDK -> minimal Collector -> Kafka -> toolwitness (builds the Collector if needed; starts services)
+	bash scripts/tools.sh collector
+	$(PY) scripts/services.py up
+	set -o pipefail; rc=0; $(VENV)/bin/pytest -m collector_build tests/integration/test_collector_interop.py || rc=$$?; \
+	  $(PY) scripts/services.py down; exit $$rc
