@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from collector.config import CompletionConfig, ScorerTreeConfig, ServiceConfig
 from collector.processors.trace_state import TraceState
@@ -38,21 +37,10 @@ from scoring.models import (
 )
 from scoring.models.evidence import AWAITING_COMPLETION, LATE_SPAN, NORMALIZATION_VERSION, ORPHAN_PARENT, STATE_LOST
 from scoring.score import (
-    FloatScaleFallbackScorer,
-    FloatScaleScorer,
-    FloatScaleThresholdScorer,
-    OtelToolCallScorer,
-    PlagiarismScorer,
     Scorer,
     ScoringContext,
-    SubStringScorer,
-    TrueFalseCompositeScorer,
-    TrueFalseFallbackScorer,
-    TrueFalseInverterScorer,
-    TrueFalseScoreAggregator,
-    TrueFalseScorer,
 )
-from scoring.score.observation.source import EvidenceScorable
+from scoring.score.tree import build_scorer_tree
 
 _STATUS = {
     Verdict.TRUE: common_pb2.SCORE_STATUS_TRUE,
@@ -61,55 +49,9 @@ _STATUS = {
 }
 
 
-class ReplayOnlySource:
-    """The service's trees only ever judge snapshots; acquiring here is a bug."""
-
-    async def acquire(self, scorable: EvidenceScorable, trace_ids: Sequence[str] | None = None) -> Observation:
-        raise RuntimeError("service scorer trees judge observations only (replay mode)")
-
-
 def build_tree(cfg: ScorerTreeConfig, path: str = "scorers") -> Scorer:
-    """Build a scorer tree from its config; errors name the config path."""
-    cats = cfg.categories or None
-
-    def need(v: Any, what: str) -> Any:
-        if v is None:
-            raise ValueError(f"{path}: type {cfg.type!r} needs {what}")
-        return v
-
-    if cfg.type == "otel_tool_call":
-        return OtelToolCallScorer(source=ReplayOnlySource(), categories=cats)
-    if cfg.type == "substring":
-        return SubStringScorer(
-            substring=need(cfg.substring, "substring"), case_sensitive=cfg.case_sensitive, categories=cats
-        )
-    if cfg.type == "plagiarism":
-        return PlagiarismScorer(reference_text=need(cfg.reference_text, "reference_text"), categories=cats)
-    if cfg.type == "composite":
-        kids = [build_tree(c, f"{path}.scorers[{i}]") for i, c in enumerate(cfg.scorers)]
-        tf = [k for k in kids if isinstance(k, TrueFalseScorer)]
-        if len(tf) != len(kids) or not kids:
-            raise ValueError(f"{path}: composite needs one or more true/false scorers")
-        return TrueFalseCompositeScorer(
-            aggregator=TrueFalseScoreAggregator(need(cfg.aggregator, "aggregator")), scorers=tf, categories=cats
-        )
-    if cfg.type == "inverter":
-        inner = build_tree(need(cfg.scorer, "scorer"), f"{path}.scorer")
-        if not isinstance(inner, TrueFalseScorer):
-            raise ValueError(f"{path}: inverter needs a true/false scorer")
-        return TrueFalseInverterScorer(scorer=inner, categories=cats)
-    if cfg.type == "threshold":
-        inner = build_tree(need(cfg.scorer, "scorer"), f"{path}.scorer")
-        if not isinstance(inner, FloatScaleScorer):
-            raise ValueError(f"{path}: threshold needs a float-scale scorer")
-        return FloatScaleThresholdScorer(scorer=inner, threshold=need(cfg.threshold, "threshold"), categories=cats)
-    primary = build_tree(need(cfg.scorer, "scorer"), f"{path}.scorer")
-    fallback = build_tree(need(cfg.fallback_scorer, "fallback_scorer"), f"{path}.fallback_scorer")
-    if isinstance(primary, TrueFalseScorer) and isinstance(fallback, TrueFalseScorer):
-        return TrueFalseFallbackScorer(scorer=primary, fallback_scorer=fallback, categories=cats)
-    if isinstance(primary, FloatScaleScorer) and isinstance(fallback, FloatScaleScorer):
-        return FloatScaleFallbackScorer(scorer=primary, fallback_scorer=fallback, categories=cats)
-    raise ValueError(f"{path}: fallback children must be of the same family")
+    """Build a configured scorer tree (the scoring library's builder); errors name the config path."""
+    return build_scorer_tree(cfg.model_dump(mode="json", exclude_none=True), path=path)
 
 
 def trace_coverage(

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -62,28 +62,22 @@ from pydantic import ValidationError
 from scoring.evaluation.dataset import DatasetError
 from scoring.evaluation.traces import LabeledTrace, TraceVerdict
 from scoring.models.conditions import ScoringExpectation
-from scoring.models.evidence import Observation
 from scoring.models.scorables import TraceScorable
 from scoring.models.status import Verdict
 from scoring.normalize.spans import NeutralSpan, SpanDecodeError, iter_otlp_request
 from scoring.score import (
-    FloatScaleFallbackScorer,
-    FloatScaleScorer,
-    FloatScaleThresholdScorer,
-    OtelToolCallScorer,
-    PlagiarismScorer,
     Scorer,
     ScoringContext,
-    SubStringScorer,
-    TrueFalseCompositeScorer,
-    TrueFalseFallbackScorer,
-    TrueFalseInverterScorer,
-    TrueFalseScoreAggregator,
-    TrueFalseScorer,
 )
 from scoring.score.identity import ScorerIdentifier
 from scoring.score.observation import InMemoryTraceClient, OtelTraceSource
-from scoring.score.observation.source import EvidenceScorable
+from scoring.score.tree import (
+    TREE_TYPES,
+    ReplayOnlySource,
+    build_scorer_tree,
+    contains_otel_tool_call,
+)
+from scoring.score.tree import ScorerTreeConfigError as TraceTreeConfigError
 
 __all__ = [
     "TREE_TYPES",
@@ -217,17 +211,6 @@ class CaseRun:
     num_spans: int
 
 
-class ReplayOnlySource:
-    """The leaf source of trees built here: they judge observations in replay mode only.
-
-    (Same name as the service's source, so a tree built here and the same tree in the
-    service share their identity and evaluation hash.)
-    """
-
-    async def acquire(self, scorable: EvidenceScorable, trace_ids: Sequence[str] | None = None) -> Observation:
-        raise RuntimeError("evaluation scorer trees judge observations only (replay mode)")
-
-
 class EmbeddedTracePipelineScorer:
     """Run labeled cases through the embedded pipeline and a scorer tree (module docstring)."""
 
@@ -331,121 +314,3 @@ def _plural(count: int, noun: str) -> str:
 
 
 # -- scorer trees from configuration -----------------------------------------------------
-
-TREE_TYPES = ("otel_tool_call", "substring", "plagiarism", "composite", "inverter", "threshold", "fallback")
-_TREE_KEYS = frozenset(
-    {
-        "type",
-        "substring",
-        "case_sensitive",
-        "reference_text",
-        "aggregator",
-        "threshold",
-        "categories",
-        "scorers",
-        "scorer",
-        "fallback_scorer",
-    }
-)
-
-
-class TraceTreeConfigError(ValueError):
-    """A scorer-tree configuration is invalid; the message names the config path."""
-
-
-def build_scorer_tree(
-    config: Mapping[str, Any] | str,
-    *,
-    path: str = "scorer",
-    resolve: Callable[[str], Mapping[str, Any]] | None = None,
-    _stack: tuple[str, ...] = (),
-) -> Scorer:
-    """Build a scorer tree from the service's tree configuration (``ScorerTreeConfig`` keys).
-
-    Types: ``otel_tool_call`` (its source is :class:`ReplayOnlySource`), ``substring``
-    (``substring``, ``case_sensitive``), ``plagiarism`` (``reference_text``), ``composite``
-    (``aggregator`` and/or/majority, ``scorers: [...]``), ``inverter`` and ``threshold``
-    (``scorer``, ``threshold``), ``fallback`` (``scorer``, ``fallback_scorer``); every node
-    takes ``categories``. A child may be a mapping or, with ``resolve``, the name of another
-    definition (reference cycles are errors).
-
-    Raises:
-        TraceTreeConfigError: naming the config path of the problem.
-    """
-    if isinstance(config, str):
-        if resolve is None:
-            raise TraceTreeConfigError(f"{path}: a scorer name ({config!r}) needs a mapping here")
-        if config in _stack:
-            raise TraceTreeConfigError(f"scorer reference cycle: {' -> '.join((*_stack, config))}")
-        try:
-            resolved = resolve(config)
-        except KeyError:
-            raise TraceTreeConfigError(f"{path}: unknown scorer {config!r}") from None
-        return build_scorer_tree(resolved, path=config, resolve=resolve, _stack=(*_stack, config))
-    if not isinstance(config, Mapping):
-        raise TraceTreeConfigError(f"{path}: a scorer must be a mapping, got {type(config).__name__}")
-    kind = config.get("type")
-    if kind not in TREE_TYPES:
-        raise TraceTreeConfigError(f"{path}: type must be one of {', '.join(TREE_TYPES)}, got {kind!r}")
-    unknown = sorted(set(config) - _TREE_KEYS)
-    if unknown:
-        raise TraceTreeConfigError(f"{path}: unknown key(s) {unknown} for a scorer tree node")
-    raw_categories = config.get("categories") or []
-    if not isinstance(raw_categories, list | tuple) or not all(isinstance(c, str) for c in raw_categories):
-        raise TraceTreeConfigError(f"{path}: categories must be a list of strings")
-    cats = list(raw_categories) or None
-
-    def need(key: str) -> Any:
-        value = config.get(key)
-        if value is None:
-            raise TraceTreeConfigError(f"{path}: type {kind!r} needs {key}")
-        return value
-
-    def child(key: str, value: Any) -> Scorer:
-        return build_scorer_tree(value, path=f"{path}.{key}", resolve=resolve, _stack=_stack)
-
-    try:
-        if kind == "otel_tool_call":
-            return OtelToolCallScorer(source=ReplayOnlySource(), categories=cats)
-        if kind == "substring":
-            return SubStringScorer(
-                substring=str(need("substring")), case_sensitive=bool(config.get("case_sensitive")), categories=cats
-            )
-        if kind == "plagiarism":
-            return PlagiarismScorer(reference_text=str(need("reference_text")), categories=cats)
-        if kind == "composite":
-            raw_kids = need("scorers")
-            if not isinstance(raw_kids, list) or not raw_kids:
-                raise TraceTreeConfigError(f"{path}: composite needs a non-empty scorers list")
-            kids = [child(f"scorers[{i}]", c) for i, c in enumerate(raw_kids)]
-            tf = [k for k in kids if isinstance(k, TrueFalseScorer)]
-            if len(tf) != len(kids):
-                raise TraceTreeConfigError(f"{path}: composite needs true/false scorers only")
-            aggregator = TrueFalseScoreAggregator(str(need("aggregator")).lower())
-            return TrueFalseCompositeScorer(aggregator=aggregator, scorers=tf, categories=cats)
-        if kind == "inverter":
-            inner = child("scorer", need("scorer"))
-            if not isinstance(inner, TrueFalseScorer):
-                raise TraceTreeConfigError(f"{path}: inverter needs a true/false scorer")
-            return TrueFalseInverterScorer(scorer=inner, categories=cats)
-        if kind == "threshold":
-            inner = child("scorer", need("scorer"))
-            if not isinstance(inner, FloatScaleScorer):
-                raise TraceTreeConfigError(f"{path}: threshold needs a float-scale scorer")
-            return FloatScaleThresholdScorer(scorer=inner, threshold=float(need("threshold")), categories=cats)
-        primary = child("scorer", need("scorer"))
-        fallback = child("fallback_scorer", need("fallback_scorer"))
-        if isinstance(primary, TrueFalseScorer) and isinstance(fallback, TrueFalseScorer):
-            return TrueFalseFallbackScorer(scorer=primary, fallback_scorer=fallback, categories=cats)
-        if isinstance(primary, FloatScaleScorer) and isinstance(fallback, FloatScaleScorer):
-            return FloatScaleFallbackScorer(scorer=primary, fallback_scorer=fallback, categories=cats)
-        raise TraceTreeConfigError(f"{path}: fallback children must be of the same family")
-    except TraceTreeConfigError:
-        raise
-    except (TypeError, ValueError) as exc:  # constructor checks (empty substring, bad aggregator, …)
-        raise TraceTreeConfigError(f"{path}: {exc}") from exc
-
-
-def contains_otel_tool_call(scorer: Scorer) -> bool:
-    """Whether an ``OtelToolCallScorer`` is anywhere in the tree (i.e. it judges traces)."""
-    return isinstance(scorer, OtelToolCallScorer) or any(contains_otel_tool_call(c) for c in scorer.children())
