@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from collector.config import ServiceConfig
 from collector.exporters.kafka import kafka_security_kwargs
 from collector.processors.trace_state import TraceStateStore
+from collector.receivers.kafka_otlp import KafkaOTLPReceiver
 from collector.telemetry.metrics import STATE_LOSSES
 from collector.wire.convert import decode_score_event
 
@@ -55,7 +56,7 @@ class Recovery:
         current = raw.decode() if isinstance(raw, bytes) else raw
         return current != self.epoch
 
-    async def recover(self, consumer: AIOKafkaConsumer | None) -> None:
+    async def recover(self, receiver: KafkaOTLPReceiver | None) -> None:
         r = self.store.redis
         now = int(time.time() * 1000)
         STATE_LOSSES.labels(self.name).inc()
@@ -66,12 +67,7 @@ class Recovery:
         raw = await r.get(self.store.k.epoch)
         restored = await self.restore_decisions()
         self.epoch = raw.decode() if isinstance(raw, bytes) else raw
-        replayed = 0
-        if consumer is not None:
-            control = [tp for tp in consumer.assignment() if tp.topic == self.cfg.kafka.topics.control]
-            if control:
-                await consumer.seek_to_beginning(*control)
-                replayed = len(control)
+        replayed = await receiver.replay_control() if receiver is not None else 0
         log.error(
             "%s: Redis lost its data; evidence before %d ms is marked state_lost, %d published decisions "
             "restored from the scores topic, %d control partitions replayed",

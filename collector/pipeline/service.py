@@ -13,9 +13,9 @@ import os
 import socket
 import time
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,11 +29,11 @@ from collector.pipeline.engine import Engine, Work
 from collector.pipeline.recovery import Recovery
 from collector.processors.completion import WatermarkTracker
 from collector.processors.trace_state import TraceStateStore
-from collector.telemetry.metrics import COMMIT_FAILURES, CONSUMER_LAG, EXPORT_FAILURES
+from collector.receivers.kafka_otlp import KafkaOTLPReceiver
+from collector.telemetry.metrics import EXPORT_FAILURES
 
 log = logging.getLogger("toolwitness.service")
 
-REBALANCE_DEADLINE_S = 20.0
 RETRIABLE = (ExportError, RedisConnectionError, RedisTimeoutError, KafkaError, TimeoutError)
 
 
@@ -52,24 +52,6 @@ class RetryPolicy:
 
     def reset(self) -> None:
         self._attempt = 0
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, service: ToolwitnessService) -> None:
-        self.service = service
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        # Let the in-flight batch finish and commit before the partitions move.
-        try:
-            async with asyncio.timeout(REBALANCE_DEADLINE_S):
-                async with self.service.batch_lock:
-                    pass
-        except TimeoutError:
-            log.warning("service: in-flight batch still running at rebalance deadline")
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        spans = self.service.cfg.kafka.topics.spans
-        self.service.watermarks.assign({tp.partition for tp in assigned if tp.topic == spans})
 
 
 async def ensure_topics(cfg: ServiceConfig, partitions: int = 4) -> None:
@@ -114,18 +96,25 @@ class ToolwitnessService:
         self.watermarks = WatermarkTracker(self.redis, self.store.k.watermarks(cfg.kafka.topics.spans), cfg.completion)
         self.recovery = Recovery(cfg, self.store)
         self.checkpoint = Checkpoint(cfg, self.store, self.engine, self.exporter, self.watermarks)
-        self.consumer: AIOKafkaConsumer | None = None
-        self.admin = AdminServer(cfg.admin.host, cfg.admin.port, ready=self.ready, alive=self.alive)
         self.batch_lock = asyncio.Lock()
+        self.receiver = KafkaOTLPReceiver(
+            cfg.kafka, instance=self.instance, batch_lock=self.batch_lock, on_assigned=self.watermarks.assign
+        )
+        self.admin = AdminServer(cfg.admin.host, cfg.admin.port, ready=self.ready, alive=self.alive)
         self.retry = RetryPolicy()
         self._stopping = asyncio.Event()
         self._started = False
         self._last_loop = time.monotonic()
         self._sweeper: asyncio.Task[None] | None = None
 
+    @property
+    def consumer(self) -> AIOKafkaConsumer | None:
+        """The receiver's consumer (tests and tools inspect assignment and positions)."""
+        return self.receiver.consumer
+
     # health
     def ready(self) -> bool:
-        return self._started and not self._stopping.is_set() and self.consumer is not None
+        return self._started and not self._stopping.is_set() and self.receiver.consumer is not None
 
     def alive(self) -> bool:
         return time.monotonic() - self._last_loop < 60
@@ -138,40 +127,21 @@ class ToolwitnessService:
         self.engine.lost_at_ms = self.recovery.lost_at_ms
         await ensure_topics(self.cfg)
         await self.exporter.start()
-        k = self.cfg.kafka
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=k.bootstrap_servers,
-            group_id=k.group_id,
-            client_id=f"{k.client_id}-{self.instance}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            max_poll_records=k.max_poll_records,
-            fetch_max_bytes=max(52428800, k.max_record_bytes * 2),
-            max_partition_fetch_bytes=max(1048576, k.max_record_bytes + 65536),
-            request_timeout_ms=k.request_timeout_ms,
-            session_timeout_ms=k.session_timeout_ms,
-            heartbeat_interval_ms=max(1000, k.session_timeout_ms // 3),
-            **kafka_security_kwargs(k),
-        )
-        self.consumer.subscribe([k.topics.spans, k.topics.control], listener=_Rebalance(self))
-        await asyncio.wait_for(self.consumer.start(), timeout=60)
+        await self.receiver.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="sweeper")
         self._started = True
-        log.info("service %s started: consuming %s, %s", self.instance, k.topics.spans, k.topics.control)
+        topics = self.cfg.kafka.topics
+        log.info("service %s started: consuming %s, %s", self.instance, topics.spans, topics.control)
 
     def request_stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
         """Poll → checkpoint → commit until asked to stop."""
-        assert self.consumer is not None
-        consumer = self.consumer
+        receiver = self.receiver
         while not self._stopping.is_set():
             self._last_loop = time.monotonic()
-            batch = await consumer.getmany(
-                timeout_ms=self.cfg.kafka.poll_timeout_ms, max_records=self.cfg.kafka.max_poll_records
-            )
+            batch = await receiver.poll()
             if not batch:
                 await self._publish_watermarks()
                 continue
@@ -187,36 +157,15 @@ class ToolwitnessService:
                         exc,
                         delay,
                     )
-                    for tp, recs in batch.items():
-                        consumer.seek(tp, recs[0].offset)
+                    receiver.rewind(batch)
                     await asyncio.sleep(delay)
                     continue
                 self.retry.reset()
-                try:
-                    await consumer.commit(result.offsets)
-                except (CommitFailedError, IllegalStateError) as exc:
-                    # The partitions moved during the batch: the new owner replays it, and every
-                    # step is idempotent (identical re-sends at most). Keep polling.
-                    COMMIT_FAILURES.labels(self.name).inc()
-                    log.warning("service: offsets not committed (%s); the new owner replays the batch", exc)
+                await receiver.commit(result.offsets)
             await self._publish_watermarks()
 
     async def _publish_watermarks(self) -> None:
-        assert self.consumer is not None
-        spans = self.cfg.kafka.topics.spans
-        caught: dict[int, bool] = {}
-        for tp in self.consumer.assignment():
-            if tp.topic != spans:
-                continue
-            hw = self.consumer.highwater(tp)
-            try:
-                pos = await self.consumer.position(tp)
-            except Exception:
-                continue
-            lag = max(0, (hw or 0) - pos)
-            CONSUMER_LAG.labels(self.name, tp.topic, str(tp.partition)).set(lag)
-            caught[tp.partition] = hw is not None and pos >= hw
-        await self.watermarks.publish(caught)
+        await self.watermarks.publish(await self.receiver.span_partitions_caught_up())
 
     async def _sweep_loop(self) -> None:
         interval = self.cfg.completion.sweep_interval_ms / 1000
@@ -238,7 +187,7 @@ class ToolwitnessService:
         """
         if await self.recovery.check():
             async with self.batch_lock:
-                await self.recovery.recover(self.consumer)
+                await self.recovery.recover(self.receiver)
                 self.engine.lost_at_ms = self.recovery.lost_at_ms
         now = int(time.time() * 1000)
         k = self.store.k
@@ -282,9 +231,7 @@ class ToolwitnessService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         async with self.batch_lock:
-            if self.consumer is not None:
-                await self.consumer.stop()  # leaves the group
-                self.consumer = None
+            await self.receiver.shutdown()  # leaves the group
         await self.exporter.shutdown()
         await self.admin.shutdown()
         await self.redis.aclose()

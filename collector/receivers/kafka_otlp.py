@@ -1,0 +1,144 @@
+"""Receiver ``receiver/kafka_otlp``: the consumer-group member that reads span batches and control.
+
+One consumer subscribes to the spans topic (OTLP records as the Collector's kafkaexporter
+writes them: otlp_proto or otlp_json, keyed by trace id or not) and the control topic
+(expectations, completion markers, cancellations). Offsets are committed manually, only
+by the checkpoint after a batch has gone through every step. A rebalance waits for the
+in-flight batch (under a deadline) before partitions move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
+
+from collector.config import KafkaConfig
+from collector.exporters.kafka import kafka_security_kwargs
+from collector.telemetry.metrics import COMMIT_FAILURES, CONSUMER_LAG
+
+log = logging.getLogger("toolwitness.receiver.kafka_otlp")
+
+REBALANCE_DEADLINE_S = 20.0
+
+Batch = Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, receiver: KafkaOTLPReceiver) -> None:
+        self.receiver = receiver
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        # Let the in-flight batch finish and commit before the partitions move.
+        try:
+            async with asyncio.timeout(REBALANCE_DEADLINE_S), self.receiver.batch_lock:
+                pass
+        except TimeoutError:
+            log.warning("%s: in-flight batch still running at the rebalance deadline", self.receiver.name)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        spans = self.receiver.cfg.topics.spans
+        self.receiver.on_assigned({tp.partition for tp in assigned if tp.topic == spans})
+
+
+class KafkaOTLPReceiver:
+    name = "receiver/kafka_otlp"
+
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        *,
+        instance: str,
+        batch_lock: asyncio.Lock,
+        on_assigned: Callable[[set[int]], None] = lambda _: None,
+    ) -> None:
+        self.cfg = cfg
+        self.instance = instance
+        self.batch_lock = batch_lock
+        self.on_assigned = on_assigned
+        self.consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        if self.consumer is not None:
+            return
+        k = self.cfg
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=k.bootstrap_servers,
+            group_id=k.group_id,
+            client_id=f"{k.client_id}-{self.instance}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            max_poll_records=k.max_poll_records,
+            fetch_max_bytes=max(52428800, k.max_record_bytes * 2),
+            max_partition_fetch_bytes=max(1048576, k.max_record_bytes + 65536),
+            request_timeout_ms=k.request_timeout_ms,
+            session_timeout_ms=k.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, k.session_timeout_ms // 3),
+            **kafka_security_kwargs(k),
+        )
+        consumer.subscribe([k.topics.spans, k.topics.control], listener=_Rebalance(self))
+        await asyncio.wait_for(consumer.start(), timeout=60)
+        self.consumer = consumer
+
+    async def shutdown(self) -> None:
+        """Leave the group (idempotent)."""
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    def _require(self) -> AIOKafkaConsumer:
+        if self.consumer is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.consumer
+
+    async def poll(self) -> Batch:
+        batch: Batch = await self._require().getmany(
+            timeout_ms=self.cfg.poll_timeout_ms, max_records=self.cfg.max_poll_records
+        )
+        return batch
+
+    def rewind(self, batch: Batch) -> None:
+        """Seek every partition of a failed batch back to its first record (nothing was committed)."""
+        consumer = self._require()
+        for tp, recs in batch.items():
+            consumer.seek(tp, recs[0].offset)
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
+        """Step 5 of the checkpoint. False when a rebalance took the partitions meanwhile."""
+        try:
+            await self._require().commit(dict(offsets))
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The new owner replays the batch; every step is idempotent (identical re-sends at most).
+            COMMIT_FAILURES.labels(self.name).inc()
+            log.warning("%s: offsets not committed (%s); the new owner replays the batch", self.name, exc)
+            return False
+        return True
+
+    async def span_partitions_caught_up(self) -> dict[int, bool]:
+        """For each assigned span partition: whether it is caught up (lag metrics updated)."""
+        consumer = self._require()
+        spans = self.cfg.topics.spans
+        caught: dict[int, bool] = {}
+        for tp in consumer.assignment():
+            if tp.topic != spans:
+                continue
+            hw = consumer.highwater(tp)
+            try:
+                pos = await consumer.position(tp)
+            except Exception:  # the partition moved during a rebalance
+                continue
+            CONSUMER_LAG.labels(self.name, tp.topic, str(tp.partition)).set(max(0, (hw or 0) - pos))
+            caught[tp.partition] = hw is not None and pos >= hw
+        return caught
+
+    async def replay_control(self) -> int:
+        """Seek the assigned control partitions to the beginning (data-loss recovery)."""
+        consumer = self._require()
+        control = [tp for tp in consumer.assignment() if tp.topic == self.cfg.topics.control]
+        if control:
+            await consumer.seek_to_beginning(*control)
+        return len(control)
