@@ -38,8 +38,9 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -49,9 +50,22 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, TracesData
 from redis.asyncio import Redis
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
+from collector.benches.common import (
+    CpuMeter,
+    Target,
+    busy_text,
+    consoles,
+    emit,
+    new_progress,
+    percentile,
+    percentiles,
+    target_rows,
+    task,
+)
+from collector.benches.instances import run_instances
 from collector.client import build_expectation
 from collector.client import ensure_topics as create_topics
 from collector.config import KafkaConfig, ServiceConfig, TopicsConfig, load_config
@@ -64,7 +78,17 @@ from collector.wire.gen import common_pb2, control_pb2
 from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
 from scoring.normalize import iter_otlp_request
 
-__all__ = ["TRACE_SPANS", "TRACE_TOOLS", "BenchTrace", "make_trace", "run_pipeline_bench", "trace_memory"]
+__all__ = [
+    "TRACE_SPANS",
+    "TRACE_TOOLS",
+    "BenchTrace",
+    "Rig",
+    "make_trace",
+    "make_traces",
+    "percentile",
+    "run_pipeline_bench",
+    "trace_memory",
+]
 
 log = logging.getLogger("toolwitness.bench")
 
@@ -76,9 +100,11 @@ EXPECTATION_DEADLINE = timedelta(minutes=15)
 #: a tool no bench trace runs: the probe trace's second expectation stays pending (its pending set lives).
 ABSENT_TOOL = "tool_never_called"
 
-TARGET_RATIO = 0.5
-TARGET_P99_MS = 250.0
+# Issue 8's targets (they supersede issue 4's 0.5 and 250 ms).
+TARGET_RATIO = 0.6
+TARGET_P99_MS = 100.0
 TARGET_TRACE_BYTES = 2048
+TARGET_SCALING = 1.6
 #: the latency figures only count as "at the stated load" if the producer achieved this share of it.
 RATE_TOLERANCE = 0.95
 
@@ -94,6 +120,12 @@ class BenchTrace:
     record: bytes  # otlp_proto ExportTraceServiceRequest with the whole trace
     tool: str  # the tool the trace's expectation asks for
     expectation_id: str
+    #: the trace split into several records (empty: ``record`` alone carries it)
+    parts: tuple[bytes, ...] = ()
+
+    @property
+    def records(self) -> tuple[bytes, ...]:
+        return self.parts or (self.record,)
 
 
 def _kv(key: str, value: str | int) -> KeyValue:
@@ -102,12 +134,24 @@ def _kv(key: str, value: str | int) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
-def make_trace(index: int, start_ns: int, *, expected_tool: int | None = None) -> BenchTrace:
-    """One trace of TRACE_SPANS spans with TRACE_TOOLS tool executions (GenAI semconv).
+def make_trace(
+    index: int,
+    start_ns: int,
+    *,
+    expected_tool: int | None = None,
+    spans: int = TRACE_SPANS,
+    tools: int = TRACE_TOOLS,
+    record_spans: int = 0,
+) -> BenchTrace:
+    """One trace of ``spans`` spans with ``tools`` tool executions (GenAI semconv).
 
     Children end before the root; children are in end order, the root is last (as an SDK
-    exports them). The expectation asks for ``tool_<expected_tool>`` (default: index mod 10).
+    exports them). The expectation asks for ``tool_<expected_tool>`` (default: index mod
+    tools). ``record_spans`` > 0 also splits the trace into records of at most that many
+    spans (``BenchTrace.parts``, in export order) — what an SDK batching by size sends.
     """
+    if spans < 1 or tools < 0 or tools > spans - 1:
+        raise ValueError(f"need spans >= 1 and 0 <= tools <= spans - 1, got {spans} spans, {tools} tools")
     trace_id = os.urandom(16)
     root_id = os.urandom(8)
     req = ExportTraceServiceRequest()
@@ -122,7 +166,8 @@ def make_trace(index: int, start_ns: int, *, expected_tool: int | None = None) -
     )
     ss = rs.scope_spans.add()
     ss.scope.name = "toolwitness-bench"
-    kinds = ["chat", "tool"] * TRACE_TOOLS + ["chat"] * (TRACE_SPANS - 1 - 2 * TRACE_TOOLS)
+    pairs = min(tools, spans - 1 - tools)
+    kinds = ["chat", "tool"] * pairs + ["tool"] * (tools - pairs) + ["chat"] * (spans - 1 - tools - pairs)
     tool_no = 0
     step = 2_000_000
     for j, kind in enumerate(kinds):
@@ -167,15 +212,35 @@ def make_trace(index: int, start_ns: int, *, expected_tool: int | None = None) -
     root.start_time_unix_nano = start_ns
     root.end_time_unix_nano = start_ns + len(kinds) * step
     root.attributes.extend([_kv("gen_ai.operation.name", "invoke_agent"), _kv("gen_ai.agent.name", "bench-agent")])
-    tool = f"tool_{(index if expected_tool is None else expected_tool) % TRACE_TOOLS}"
-    return BenchTrace(trace_id.hex(), req.SerializeToString(), tool, uuid.uuid4().hex)
+    wanted = index if expected_tool is None else expected_tool
+    tool = f"tool_{wanted % tools}" if tools else ABSENT_TOOL
+    parts: tuple[bytes, ...] = ()
+    if record_spans > 0 and spans > record_spans:
+        out = []
+        for i in range(0, spans, record_spans):
+            part = ExportTraceServiceRequest()
+            prs = part.resource_spans.add()
+            prs.resource.CopyFrom(rs.resource)
+            pss = prs.scope_spans.add()
+            pss.scope.CopyFrom(ss.scope)
+            pss.spans.extend(ss.spans[i : i + record_spans])
+            out.append(part.SerializeToString())
+        parts = tuple(out)
+    return BenchTrace(trace_id.hex(), req.SerializeToString(), tool, uuid.uuid4().hex, parts)
 
 
-def make_traces(n: int, *, on_trace: Callable[[], None] | None = None) -> list[BenchTrace]:
+def make_traces(
+    n: int,
+    *,
+    on_trace: Callable[[], None] | None = None,
+    spans: int = TRACE_SPANS,
+    tools: int = TRACE_TOOLS,
+    record_spans: int = 0,
+) -> list[BenchTrace]:
     start = time.time_ns()
     out = []
     for i in range(n):
-        out.append(make_trace(i, start + i * 1_000_000))
+        out.append(make_trace(i, start + i * 1_000_000, spans=spans, tools=tools, record_spans=record_spans))
         if on_trace is not None:
             on_trace()
     return out
@@ -292,25 +357,6 @@ async def until(predicate: Callable[[], Awaitable[bool]], timeout: float, what: 
                 await asyncio.sleep(interval)
     except TimeoutError:
         raise TimeoutError(f"bench: {what} not reached within {timeout:.0f}s") from None
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of ascending values."""
-    if not sorted_values:
-        return math.nan
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
-
-
-def _finite(node: Any) -> Any:
-    """NaN/inf (nothing measured) as JSON null."""
-    if isinstance(node, float) and not math.isfinite(node):
-        return None
-    if isinstance(node, dict):
-        return {k: _finite(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_finite(v) for v in node]
-    return node
 
 
 async def _produce(
@@ -634,24 +680,210 @@ async def _cleanup(cfg: ServiceConfig, extra_topics: Sequence[str]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# The run
+# Building blocks the suites share (collector/benches/)
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    name: str
-    target: str
-    value: str
-    met: bool
+class Rig:
+    """One bench run's servers and names: fresh configs (topics, group, key prefix) and their cleanup."""
+
+    def __init__(self, bootstrap: str | None = None, redis_url: str | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.redis_url = redis_url
+        self.cfgs: list[ServiceConfig] = []
+
+    def config(self, **redis_overrides: Any) -> ServiceConfig:
+        cfg = bench_config(self.bootstrap, self.redis_url)
+        if redis_overrides:
+            data = cfg.model_dump()
+            data["redis"].update(redis_overrides)
+            cfg = ServiceConfig.model_validate(data)
+        self.cfgs.append(cfg)
+        return cfg
+
+    async def topics(self, cfg: ServiceConfig) -> None:
+        await bench_topics(cfg)
+
+    async def cleanup(self) -> None:
+        for cfg in self.cfgs:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(_cleanup(cfg, [warm_topic(cfg)]), timeout=120)
+
+
+async def bench_topics(cfg: ServiceConfig) -> None:
+    """The config's topics and its (empty) registration spans topic."""
+    k = cfg.kafka
+    await create_topics(k.bootstrap_servers, k.topics, security=k.security, partitions=PARTITIONS)
+    await create_topics(
+        k.bootstrap_servers,
+        TopicsConfig(**{**k.topics.model_dump(), "spans": warm_topic(cfg)}),
+        security=k.security,
+        partitions=PARTITIONS,
+    )
+
+
+def warm_topic(cfg: ServiceConfig) -> str:
+    """The empty spans topic the registration pass consumes (only the control topic matters then)."""
+    return f"{cfg.kafka.topics.spans}-warm"
+
+
+async def register_expectations(
+    cfg: ServiceConfig,
+    redis: Redis,
+    controls: Sequence[tuple[bytes, bytes]],
+    ids: Sequence[str],
+    progress: Progress,
+    what: str = "register expectations",
+) -> None:
+    """Produce control records and let the service (same group, empty spans topic) register them all.
+
+    The group's control offsets are committed when it returns, so the service started next
+    on the real spans topic reads spans only.
+    """
+    keys = Keys(cfg.redis.key_prefix)
+    await _produce(cfg.kafka, cfg.kafka.topics.control, controls)
+    tid = progress.add_task(what, total=len(ids))
+
+    async def done() -> bool:
+        n = await _registered(redis, keys, ids)
+        progress.update(tid, completed=n)
+        return n >= len(ids)
+
+    async with _service(_with_spans_topic(cfg, warm_topic(cfg))) as svc:
+        await until(done, max(60.0, len(ids) / 100), what)
+        async with svc.batch_lock:
+            pass
+
+
+async def prepare_backlog(
+    cfg: ServiceConfig,
+    redis: Redis,
+    traces: Sequence[BenchTrace],
+    progress: Progress,
+    *,
+    extra_controls: Sequence[tuple[bytes, bytes]] = (),
+    extra_ids: Sequence[str] = (),
+) -> int:
+    """Topics, the traces' records on the spans topic, one expectation per trace registered.
+
+    Returns the number of spans produced. Expectations are registered BEFORE the service
+    sees a span, so each trace is decided (TRUE) while its spans are applied.
+    """
+    await bench_topics(cfg)
+    records = [(t.trace_id.encode(), r) for t in traces for r in t.records]
+    tid, adv = task(progress, "produce span backlog", len(records))
+    await _produce(cfg.kafka, cfg.kafka.topics.spans, records, adv)
+    progress.remove_task(tid)
+    controls = [(t.expectation_id.encode(), _control_record(t)) for t in traces]
+    ids = [t.expectation_id for t in traces]
+    await register_expectations(cfg, redis, [*controls, *extra_controls], [*ids, *extra_ids], progress)
+    return sum(_spans_in(r) for _, r in records)
+
+
+def _spans_in(record: bytes) -> int:
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(record)
+    return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+
+
+async def drain_in_process(
+    cfg: ServiceConfig,
+    total: int,
+    progress: Progress,
+    cpu: CpuMeter | None = None,
+    desc: str = "end to end: service",
+) -> dict[str, Any]:
+    """Run the in-process service on the backlog until ``total`` spans are applied (timed batches)."""
+    meter = Meter()
+    tid, adv = task(progress, desc, total)
+    meter.reset(total, adv)
+    usage: dict[str, Any] = {}
+    async with _service(cfg, meter):
+        if cpu is not None:
+            cpu.start()
+        try:
+            await asyncio.wait_for(meter.reached.wait(), timeout=max(180.0, total / 200))
+        except TimeoutError:
+            raise TimeoutError(f"service applied {meter.spans} of {total} spans in time") from None
+        if cpu is not None:
+            usage = cpu.stop()
+    progress.remove_task(tid)
+    secs = meter.last_end - meter.first_start
+    return {
+        "spans": meter.spans,
+        "seconds": secs,
+        "spans_per_s": meter.spans / secs if secs > 0 else math.nan,
+        "batches": meter.batches,
+        "cpu": usage,
+    }
+
+
+async def latency_at(
+    cfg: ServiceConfig,
+    svc: ToolwitnessService,
+    redis: Redis,
+    traces: Sequence[BenchTrace],
+    rate: int,
+    progress: Progress,
+    *,
+    seconds: float,
+    wait_s: float = 30.0,
+) -> dict[str, Any]:
+    """Time to verdict at ``rate`` spans/s: register the traces' expectations on the running
+    service, then a paced producer (own process) sends one record per trace and reads the scores."""
+    k = cfg.kafka
+    keys = Keys(cfg.redis.key_prefix)
+    ids = [b.expectation_id for b in traces]
+    await _produce(k, k.topics.control, [(b.expectation_id.encode(), _control_record(b)) for b in traces])
+    tid = progress.add_task(f"register latency expectations ({rate:,} spans/s)", total=len(ids))
+
+    async def registered() -> bool:
+        n = await _registered(redis, keys, ids)
+        progress.update(tid, completed=n)
+        return n >= len(ids)
+
+    await until(registered, max(60.0, len(ids) / 100), "latency expectation registration")
+    async with svc.batch_lock:
+        pass
+    progress.remove_task(tid)
+    spans_per_record = _spans_in(traces[0].record)
+    job = LatencyJob(
+        kafka=k.model_dump(),
+        spans_topic=k.topics.spans,
+        scores_topic=k.topics.scores,
+        records=[(b.trace_id.encode(), b.record, b.expectation_id) for b in traces],
+        spans_per_record=spans_per_record,
+        rate=rate,
+        wait_s=wait_s,
+    )
+    tid = progress.add_task(f"latency run at {rate:,} spans/s", total=None)
+    res = await run_latency_process(job, timeout=seconds + wait_s + 180)
+    progress.remove_task(tid)
+    lat = res.latencies_ms
+    return {
+        "target_rate": rate,
+        "achieved_rate": res.achieved_rate,
+        "seconds": res.send_seconds,
+        "traces": res.sent,
+        "spans": res.spans_sent,
+        "verdicts": len(lat),
+        "missing": res.missing,
+        "statuses": res.statuses,
+        **percentiles(lat),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# The pipeline suite
+# --------------------------------------------------------------------------------------------------
 
 
 def _targets(report: dict[str, Any], rate: int) -> list[Target]:
     lat = report["latency"]
     at_load = lat["achieved_rate"] >= RATE_TOLERANCE * rate
-    return [
+    out = [
         Target(
-            "end-to-end / floor",
+            "end-to-end / floor (1 instance)",
             f">= {TARGET_RATIO}",
             f"{report['ratio']:.2f}",
             report["ratio"] >= TARGET_RATIO and report["e2e"]["decided_true"] == report["e2e"]["expectations"],
@@ -669,6 +901,17 @@ def _targets(report: dict[str, Any], rate: int) -> list[Target]:
             0 < report["redis"]["trace_bytes"] <= TARGET_TRACE_BYTES,
         ),
     ]
+    sc = report.get("scaling")
+    if sc:
+        out.append(
+            Target(
+                "2 instances / 1 instance",
+                f">= {TARGET_SCALING} when CPU allows",
+                f"{sc['ratio']:.2f}; {sc['bound']}",
+                sc["ratio"] >= TARGET_SCALING,
+            )
+        )
+    return out
 
 
 def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
@@ -689,13 +932,26 @@ def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
         f"{e['expectations']:,} decided TRUE ({e['decisions_per_s']:,.0f}/s), "
         f"offsets committed: {'yes' if e['offsets_committed'] else 'NO'}",
     )
+    if e.get("cpu"):
+        t.add_row("  CPU while draining (cores)", f"{e['cpu']['cores_busy']:.2f}", busy_text(e["cpu"]))
     t.add_row("ratio end to end / floor", f"{report['ratio']:.2f}", "")
+    for run in report.get("instances", []):
+        t.add_row(
+            f"service instances: {run['instances']} process(es)",
+            f"{run['spans_per_s']:,.0f} spans/s",
+            f"{run['spans']:,} spans in {run['seconds']:.2f} s, partitions {run['assignment']}; "
+            f"CPU {busy_text(run['cpu'])}",
+        )
+    sc = report.get("scaling")
+    if sc:
+        t.add_row("ratio 2 instances / 1 instance", f"{sc['ratio']:.2f}", sc["bound"])
     t.add_row(
         "latency run: achieved rate",
         f"{lat['achieved_rate']:,.0f} spans/s",
         f"target {lat['target_rate']:,} spans/s, {lat['traces']:,} traces in {lat['seconds']:.1f} s",
     )
     t.add_row("time to verdict p50", f"{lat['p50_ms']:.1f} ms", "deciding record produced → score read")
+    t.add_row("time to verdict p95", f"{lat['p95_ms']:.1f} ms", "")
     t.add_row(
         "time to verdict p99",
         f"{lat['p99_ms']:.1f} ms",
@@ -710,12 +966,29 @@ def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
     )
     exp = ", ".join(f"{k} {v:,}" for k, v in rd["expectation_keys"].items())
     t.add_row("  per expectation (not per trace)", f"{rd['expectation_bytes']:,} B", exp)
-    t.add_section()
-    for tg in targets:
-        t.add_row(
-            f"target: {tg.name}", "[green]met[/]" if tg.met else "[red]MISSED[/]", f"{tg.value} (target {tg.target})"
-        )
+    if report.get("profile"):
+        t.add_row("profile of the end-to-end pass", "", report["profile"])
+    target_rows(t, targets)
     return t
+
+
+def scaling_bound(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
+    """2-vs-1 instance ratio, and what bounded it: the CPU the machine had left (measured)."""
+    ratio = two["spans_per_s"] / one["spans_per_s"] if one["spans_per_s"] else math.nan
+    cores = two["cpu"].get("cores") or (os.cpu_count() or 1)
+    busy = two["cpu"].get("cores_busy", math.nan)
+    per_instance = one["cpu"].get("busy", {}).get("instance-1", math.nan)
+    servers = sum(v for k, v in one["cpu"].get("busy", {}).items() if k in ("redis", "kafka") and math.isfinite(v))
+    # What two instances could reach if CPU were the only limit: the cores left after the
+    # servers' share (which grows with the load), over what one instance used per unit of work.
+    if math.isfinite(busy) and busy >= 0.9 * cores:
+        bound = f"CPU-bound: {busy:.2f} of {cores} cores busy with 2 instances ({busy_text(two['cpu'])})"
+    else:
+        bound = (
+            f"not CPU-bound ({busy:.2f} of {cores} cores busy); 1 instance used {per_instance:.2f} core "
+            f"+ servers {servers:.2f}"
+        )
+    return {"ratio": ratio, "bound": bound, "cores_busy_2": busy, "cores": cores}
 
 
 async def run_pipeline_bench(
@@ -726,119 +999,130 @@ async def run_pipeline_bench(
     bootstrap: str | None = None,
     redis_url: str | None = None,
     latency_seconds: float = 10.0,
+    instances: Sequence[int] = (1, 2),
+    profile: str | None = None,
 ) -> int:
     """Run the pipeline benchmark and print a table (or JSON). Exit code: 0 met, 1 missed, 2 failed."""
     if spans < TRACE_SPANS or rate < TRACE_SPANS or latency_seconds <= 0:
         raise ValueError(f"need spans >= {TRACE_SPANS}, rate >= {TRACE_SPANS}, latency_seconds > 0")
-    err = Console(stderr=True)
-    out = Console()
-    if not out.is_terminal:  # piped: do not wrap the table at 80 columns
-        out = Console(width=160)
+    out, err = consoles()
+    rig = Rig(bootstrap, redis_url)
     try:
-        cfg = bench_config(bootstrap, redis_url)
-    except Exception as exc:
-        err.print(f"toolwitness bench: {exc}")
-        return 2
-    warm_topic = f"{cfg.kafka.topics.spans}-warm"
-    try:
-        report = await _run(cfg, spans, rate, latency_seconds, err, warm_topic)
+        report = await _run(rig, spans, rate, latency_seconds, err, list(instances), profile)
     except Exception as exc:
         log.debug("bench failed", exc_info=True)
         err.print(f"toolwitness bench pipeline failed: {type(exc).__name__}: {exc}")
         return 2
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(_cleanup(cfg, [warm_topic]), timeout=60)
+        await rig.cleanup()
     targets = _targets(report, rate)
-    report["targets"] = [asdict(t) for t in targets]
-    report["all_met"] = all(t.met for t in targets)
-    if as_json:
-        print(json.dumps(_finite(report), indent=2))
-    else:
-        out.print(_table(report, targets))
-        missed = [t.name for t in targets if not t.met]
-        out.print("all targets met" if not missed else f"targets MISSED: {', '.join(missed)}")
-    return 0 if report["all_met"] else 1
+    return emit(report, targets, _table(report, targets), as_json, out)
+
+
+async def run_instances_phase(rig: Rig, traces: Sequence[BenchTrace], n: int, progress: Progress) -> dict[str, Any]:
+    """Drain the same backlog with ``n`` service processes of one group (fresh topics and keys)."""
+    cfg = rig.config()
+    redis = Redis.from_url(cfg.redis.url)
+    try:
+        total = await prepare_backlog(cfg, redis, traces, progress)
+    finally:
+        await redis.aclose()
+    cpu = CpuMeter(cfg.kafka.bootstrap_servers, cfg.redis.url)
+    tid, adv = task(progress, f"end to end: {n} service process(es)", total)
+
+    def started(pids: list[int]) -> None:
+        for i, pid in enumerate(pids):
+            cpu.add_child(f"instance-{i + 1}", pid)
+        cpu.start()
+
+    usage: dict[str, Any] = {}
+    res = await run_instances(
+        cfg, n, total, partitions=PARTITIONS, on_spans=adv, on_start=started, on_done=lambda: usage.update(cpu.stop())
+    )
+    progress.remove_task(tid)
+    return {
+        "instances": n,
+        "spans": res.spans,
+        "seconds": res.seconds,
+        "spans_per_s": res.spans_per_s,
+        "batches": res.batches,
+        "published": res.published,
+        "assignment": res.assignment,
+        "cpu": usage,
+    }
 
 
 async def _run(
-    cfg: ServiceConfig, spans: int, rate: int, latency_seconds: float, err: Console, warm_topic: str
+    rig: Rig,
+    spans: int,
+    rate: int,
+    latency_seconds: float,
+    err: Console,
+    instances: list[int],
+    profile: str | None,
 ) -> dict[str, Any]:
+    cfg = rig.config()
     k = cfg.kafka
-    t = k.topics
     n_traces = max(1, spans // TRACE_SPANS)
     n_lat = max(2, round(rate * latency_seconds / TRACE_SPANS))
     total = n_traces * TRACE_SPANS
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    )
+    progress = new_progress(err)
     redis = Redis.from_url(cfg.redis.url)
     keys = Keys(cfg.redis.key_prefix)
+    cpu = CpuMeter(k.bootstrap_servers, cfg.redis.url)
+    report: dict[str, Any] = {}
     try:
         with progress:
-
-            def task(desc: str, n: int) -> tuple[TaskID, Callable[[int], None]]:
-                tid = progress.add_task(desc, total=n)
-                return tid, lambda m: progress.advance(tid, m)
-
-            # 1. workload, topics, backlog --------------------------------------------------------------
-            _, adv = task("generate traces", n_traces + n_lat)
+            # 1. workload, topics, backlog ------------------------------------------------------------
+            _, adv = task(progress, "generate traces", n_traces + n_lat)
             backlog = make_traces(n_traces, on_trace=lambda: adv(1))
             later = make_traces(n_lat, on_trace=lambda: adv(1))
             probe = backlog[0]
             probe_pending_id = uuid.uuid4().hex
-            await create_topics(k.bootstrap_servers, t, security=k.security, partitions=PARTITIONS)
-            await create_topics(
-                k.bootstrap_servers,
-                TopicsConfig(**{**t.model_dump(), "spans": warm_topic}),
-                security=k.security,
-                partitions=PARTITIONS,
-            )
-            _, adv = task("produce span backlog", n_traces)
-            await _produce(k, t.spans, [(b.trace_id.encode(), b.record) for b in backlog], adv)
-            controls = [(b.expectation_id.encode(), _control_record(b)) for b in backlog]
-            controls.append((probe_pending_id.encode(), _control_record(probe, ABSENT_TOOL, probe_pending_id)))
-            await _produce(k, t.control, controls)
+            await rig.topics(cfg)
+            _, adv = task(progress, "produce span backlog", n_traces)
+            await _produce(k, k.topics.spans, [(b.trace_id.encode(), b.record) for b in backlog], adv)
 
             # 2. floor -----------------------------------------------------------------------------------
-            _, adv = task("floor: consume + decode", total)
+            _, adv = task(progress, "floor: consume + decode", total)
             floor = await measure_floor(cfg, total, adv)
 
-            # 3. register the expectations through the control topic (spans topic: an empty one) ------------
+            # 3. register the expectations through the control topic (spans topic: an empty one) --------
+            controls = [(b.expectation_id.encode(), _control_record(b)) for b in backlog]
+            controls.append((probe_pending_id.encode(), _control_record(probe, ABSENT_TOOL, probe_pending_id)))
             ids = [b.expectation_id for b in backlog] + [probe_pending_id]
-            tid, _ = task("register expectations", len(ids))
-
-            async def all_registered() -> bool:
-                n = await _registered(redis, keys, ids)
-                progress.update(tid, completed=n)
-                return n >= len(ids)
-
-            async with _service(_with_spans_topic(cfg, warm_topic)) as svc:
-                await until(all_registered, max(60.0, len(ids) / 100), "expectation registration")
-                async with svc.batch_lock:
-                    pass
+            await register_expectations(cfg, redis, controls, ids, progress)
 
             # 4. end to end on the backlog ----------------------------------------------------------------
             meter = Meter()
-            _, adv = task("end to end: service", total)
+            _, adv = task(progress, "end to end: service", total)
             meter.reset(total, adv)
+            profiler: Any = None
             async with _service(cfg, meter) as svc:
+                if profile:
+                    from pyinstrument import Profiler  # optional: installed by hand for profiling
+
+                    profiler = Profiler(interval=0.001, async_mode="disabled")
+                    profiler.start()
+                cpu.start()
                 try:
                     await asyncio.wait_for(meter.reached.wait(), timeout=max(180.0, total / 200))
                 except TimeoutError:
                     raise TimeoutError(f"service applied {meter.spans} of {total} spans in time") from None
+                usage = cpu.stop()
+                if profiler is not None:
+                    profiler.stop()
+                    text = profiler.output_text(unicode=False, color=False)
+                    await asyncio.to_thread(Path(profile or "").write_text, text)
+                    report["profile"] = f"pyinstrument text written to {profile}"
                 e2e_seconds = meter.last_end - meter.first_start
-                e2e = {
+                e2e: dict[str, Any] = {
                     "spans": meter.spans,
                     "seconds": e2e_seconds,
                     "spans_per_s": meter.spans / e2e_seconds,
                     "batches": meter.batches,
                     "expectations": n_traces,
+                    "cpu": usage,
                 }
                 backlog_ids = [b.expectation_id for b in backlog]
                 true, published = await _decided_true(redis, keys, backlog_ids)
@@ -847,7 +1131,7 @@ async def _run(
                 e2e["published"] = published
                 committed = False
                 with contextlib.suppress(TimeoutError):
-                    await until(lambda: _committed_all(cfg, t.spans), 20, "offsets committed", interval=0.5)
+                    await until(lambda: _committed_all(cfg, k.topics.spans), 20, "offsets committed", interval=0.5)
                     committed = True
                 e2e["offsets_committed"] = committed
 
@@ -866,56 +1150,29 @@ async def _run(
                 }
 
                 # 6. time to verdict at a stated load ----------------------------------------------------
-                lat_ids = [b.expectation_id for b in later]
-                controls = [(b.expectation_id.encode(), _control_record(b)) for b in later]
-                tid, _ = task("register latency expectations", len(lat_ids))
-                await _produce(k, t.control, controls)
+                lat = await latency_at(cfg, svc, redis, later, rate, progress, seconds=latency_seconds)
 
-                async def lat_registered() -> bool:
-                    n = await _registered(redis, keys, lat_ids)
-                    progress.update(tid, completed=n)
-                    return n >= len(lat_ids)
-
-                await until(lat_registered, max(60.0, len(lat_ids) / 100), "latency expectation registration")
-                async with svc.batch_lock:
-                    pass
-                _, adv = task(f"latency run at {rate:,} spans/s", n_lat * TRACE_SPANS)
-                meter.reset(0, adv)
-                job = LatencyJob(
-                    kafka=k.model_dump(),
-                    spans_topic=t.spans,
-                    scores_topic=t.scores,
-                    records=[(b.trace_id.encode(), b.record, b.expectation_id) for b in later],
-                    spans_per_record=TRACE_SPANS,
-                    rate=rate,
-                    wait_s=30.0,
-                )
-                res = await run_latency_process(job, timeout=latency_seconds + 180)
+            # 7. the same backlog through 1 and 2 service processes -----------------------------------------
+            runs = [await run_instances_phase(rig, backlog, n, progress) for n in instances]
     finally:
         await redis.aclose()
-    lat = res.latencies_ms
-    return {
-        "spans": total,
-        "traces": n_traces,
-        "spans_per_trace": TRACE_SPANS,
-        "tools_per_trace": TRACE_TOOLS,
-        "partitions": PARTITIONS,
-        "cpus": os.cpu_count() or 0,
-        "floor": floor,
-        "e2e": e2e,
-        "ratio": e2e["spans_per_s"] / floor["spans_per_s"],
-        "latency": {
-            "target_rate": rate,
-            "achieved_rate": res.achieved_rate,
-            "seconds": res.send_seconds,
-            "traces": res.sent,
-            "spans": res.spans_sent,
-            "verdicts": len(lat),
-            "missing": res.missing,
-            "statuses": res.statuses,
-            "p50_ms": percentile(lat, 50),
-            "p99_ms": percentile(lat, 99),
-            "max_ms": lat[-1] if lat else math.nan,
-        },
-        "redis": redis_report,
-    }
+    report.update(
+        {
+            "spans": total,
+            "traces": n_traces,
+            "spans_per_trace": TRACE_SPANS,
+            "tools_per_trace": TRACE_TOOLS,
+            "partitions": PARTITIONS,
+            "cpus": os.cpu_count() or 0,
+            "floor": floor,
+            "e2e": e2e,
+            "ratio": e2e["spans_per_s"] / floor["spans_per_s"],
+            "latency": lat,
+            "redis": redis_report,
+            "instances": runs,
+        }
+    )
+    by_n = {r["instances"]: r for r in runs}
+    if 1 in by_n and 2 in by_n:
+        report["scaling"] = scaling_bound(by_n[1], by_n[2])
+    return report

@@ -105,16 +105,111 @@ def bench_scoring(iterations: Annotated[int, typer.Option()] = 20000) -> None:
     bench.main([str(iterations)])
 
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
 @bench_app.command("pipeline")
 def bench_pipeline(
     spans: Annotated[int, typer.Option(help="spans to push through")] = 50000,
     rate: Annotated[int, typer.Option(help="target spans/s for the latency run")] = 5000,
-    json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    json_out: JsonOpt = False,
+    instances: Annotated[str, typer.Option(help="service process counts to compare, e.g. 1,2 ('' = skip)")] = "1,2",
+    profile: Annotated[
+        Path | None, typer.Option(help="write a pyinstrument profile of the end-to-end pass here (text)")
+    ] = None,
 ) -> None:
-    """Spans/s end to end vs the aiokafka floor, time-to-verdict p50/p99, Redis bytes per trace."""
+    """Spans/s end to end vs the aiokafka floor (1 and 2 instances), time to verdict, Redis bytes per trace."""
     from collector.bench import run_pipeline_bench
 
-    raise typer.Exit(asyncio.run(run_pipeline_bench(spans=spans, rate=rate, as_json=json_out)))
+    counts = [int(x) for x in instances.split(",") if x.strip()]
+    raise typer.Exit(
+        asyncio.run(
+            run_pipeline_bench(
+                spans=spans, rate=rate, as_json=json_out, instances=counts, profile=str(profile) if profile else None
+            )
+        )
+    )
+
+
+@bench_app.command("verdict-latency")
+def bench_verdict_latency(
+    rates: Annotated[str, typer.Option(help="loads in spans/s, comma-separated")] = "1000,2500,5000",
+    seconds: Annotated[float, typer.Option(help="paced sending time per load")] = 10.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Time from the deciding record produced to the score readable: p50/p95/p99 at several loads."""
+    from collector.benches.latency import run_verdict_latency_bench
+
+    loads = [int(x) for x in rates.split(",") if x.strip()]
+    raise typer.Exit(asyncio.run(run_verdict_latency_bench(rates=loads, seconds=seconds, as_json=json_out)))
+
+
+@bench_app.command("state")
+def bench_state(
+    max_traces: Annotated[int, typer.Option(help="active traces at the last step (full issue size: 100000)")] = 20000,
+    max_expectations: Annotated[
+        int, typer.Option(help="active expectations at the last step (full issue size: 100000)")
+    ] = 10000,
+    json_out: JsonOpt = False,
+) -> None:
+    """Redis bytes per active trace and per tool execution; growth with active traces and expectations."""
+    from collector.benches.state import run_state_bench
+
+    raise typer.Exit(asyncio.run(run_state_bench(traces=max_traces, expectations=max_expectations, as_json=json_out)))
+
+
+@bench_app.command("growth")
+def bench_growth(
+    spans: Annotated[int, typer.Option(help="spans per step")] = 20000,
+    sizes: Annotated[str, typer.Option(help="spans per trace, comma-separated")] = "5,25,100,500",
+    max_expectations: Annotated[
+        int, typer.Option(help="active expectations at the last step (full issue size: 100000)")
+    ] = 10000,
+    record_spans: Annotated[int, typer.Option(help="at most this many spans per Kafka record")] = 50,
+    json_out: JsonOpt = False,
+) -> None:
+    """Spans/s as trace size (5 → 500 spans) and active expectations (10 → 10k/100k) grow."""
+    from collector.benches.growth import run_growth_bench
+
+    raise typer.Exit(
+        asyncio.run(
+            run_growth_bench(
+                spans=spans,
+                sizes=[int(x) for x in sizes.split(",") if x.strip()],
+                max_expectations=max_expectations,
+                record_spans=record_spans,
+                as_json=json_out,
+            )
+        )
+    )
+
+
+@bench_app.command("vs-tailsampling")
+def bench_vs_tailsampling(
+    spans: Annotated[int, typer.Option(help="spans in the backlog both drain")] = 50000,
+    rate: Annotated[int, typer.Option(help="paced load for the time to decision, spans/s")] = 5000,
+    seconds: Annotated[float, typer.Option(help="paced sending time")] = 10.0,
+    decision_wait: Annotated[str, typer.Option(help="the Collector's tail_sampling decision_wait")] = "30s",
+    json_out: JsonOpt = False,
+) -> None:
+    """Build (cached) a kafkareceiver + tail_sampling Collector; compare spans/s, time to decision, memory/trace."""
+    from collector.benches.tailsampling import run_vs_tailsampling_bench
+
+    raise typer.Exit(
+        asyncio.run(
+            run_vs_tailsampling_bench(
+                spans=spans, rate=rate, latency_seconds=seconds, decision_wait=decision_wait, as_json=json_out
+            )
+        )
+    )
+
+
+@bench_app.command("all")
+def bench_all(json_out: JsonOpt = False) -> None:
+    """Every suite in turn at its default size (pipeline, verdict-latency, state, growth, vs-tailsampling)."""
+    from collector.benches.suite import run_all
+
+    raise typer.Exit(asyncio.run(run_all(as_json=json_out)))
 
 
 def _mount_eval() -> None:

@@ -5,6 +5,8 @@
 #
 #   scripts/tools.sh helm        build (if needed) and print the path of helm
 #   scripts/tools.sh collector   build (if needed) and print the path of otelcol-toolwitness
+#   scripts/tools.sh tailsampling build (if needed) and print the path of otelcol-tailsampling
+#                                (the `toolwitness bench vs-tailsampling` comparison Collector)
 #   scripts/tools.sh versions    print the pinned versions
 #
 # Everything Go writes (module cache, build cache, binaries) lives in .cache/go and
@@ -16,6 +18,9 @@ HELM_VERSION="v3.22.0"
 # The collector builder (ocb) and every component in deploy/collector/builder-config.yaml
 # must come from one collector release: core v0.165.0 / v1.71.0, contrib v0.165.1.
 OCB_VERSION="v0.165.0"
+# The tail-sampling comparison Collector (deploy/collector/tailsampling/builder-config.yaml)
+# is built by this ocb (the same release; see that manifest for its one older component).
+TAILSAMPLING_OCB_VERSION="$OCB_VERSION"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/.cache"
@@ -116,6 +121,52 @@ build_collector() {
   log "otelcol-toolwitness built in $((SECONDS - start))s -> $bin"
 }
 
+# build_ocb_at VERSION: the builder at VERSION in .cache/tools/ocb-VERSION/builder (other
+# releases than OCB_VERSION, never overwriting .cache/tools/builder).
+build_ocb_at() {
+  local version="$1"
+  local dir="$TOOLS/ocb-$version"
+  if [[ -x "$dir/builder" ]]; then
+    return 0
+  fi
+  need_go
+  log "building the collector builder (ocb) $version ..."
+  mkdir -p "$dir"
+  GOBIN="$dir" "$GO" install -trimpath -ldflags "-s -w" "go.opentelemetry.io/collector/cmd/builder@$version"
+}
+
+# build_distribution NAME MANIFEST OCB_VER: build an ocb distribution whose dist.name is NAME and
+# whose output_path is .cache/NAME, cached by the manifest's and the builder's hash.
+build_distribution() {
+  local name="$1" manifest="$2" ocb="$3"
+  local bin="$TOOLS/$name" stamp="$TOOLS/$name.sha256"
+  local want
+  want="$( (cat "$manifest"; echo "$ocb") | sha256sum | cut -d' ' -f1)"
+  if [[ -x "$bin" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return 0
+  fi
+  local ocb_bin="$TOOLS/ocb-$ocb/builder"
+  if [[ "$ocb" == "$OCB_VERSION" ]]; then
+    build_ocb
+    ocb_bin="$TOOLS/builder"
+  else
+    build_ocb_at "$ocb"
+  fi
+  need_go
+  log "building $name from $manifest with ocb $ocb ..."
+  local start=$SECONDS
+  (cd "$ROOT" && "$ocb_bin" --config "$manifest" --skip-strict-versioning=false) 2>&1 \
+    | sed 's/^/  ocb: /' >&2
+  install -m 0755 "$CACHE/$name/$name" "$bin"
+  printf '%s\n' "$want" >"$stamp"
+  log "$name built in $((SECONDS - start))s -> $bin"
+}
+
+build_tailsampling() {
+  build_distribution otelcol-tailsampling "$ROOT/deploy/collector/tailsampling/builder-config.yaml" \
+    "$TAILSAMPLING_OCB_VERSION"
+}
+
 case "${1:-}" in
   helm)
     with_lock helm build_helm
@@ -125,12 +176,17 @@ case "${1:-}" in
     with_lock collector build_collector
     echo "$TOOLS/otelcol-toolwitness"
     ;;
+  tailsampling)
+    with_lock tailsampling build_tailsampling
+    echo "$TOOLS/otelcol-tailsampling"
+    ;;
   versions)
     echo "helm $HELM_VERSION"
     echo "ocb $OCB_VERSION"
+    echo "ocb (tail-sampling comparison) $TAILSAMPLING_OCB_VERSION"
     ;;
   *)
-    echo "usage: $0 {helm|collector|versions}" >&2
+    echo "usage: $0 {helm|collector|tailsampling|versions}" >&2
     exit 2
     ;;
 esac

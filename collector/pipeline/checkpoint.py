@@ -83,6 +83,10 @@ class Checkpoint:
         self.engine = engine
         self.exporter = exporter
         self.watermarks = watermarks
+        # Per-record metric children, resolved once (``labels()`` is a locked dict lookup).
+        self._records_spans = RECORDS_IN.labels(self.name, "spans")
+        self._records_control = RECORDS_IN.labels(self.name, "control")
+        self._spans_in = SPANS_IN.labels(self.name)
 
     async def process(self, batch: Batch) -> BatchResult:
         started = time.perf_counter()
@@ -101,24 +105,29 @@ class Checkpoint:
                 res.offsets[tp] = rec.offset + 1
                 value = rec.value or b""
                 if tp.topic == topics.control:
-                    RECORDS_IN.labels(self.name, "control").inc()
+                    self._records_control.inc()
                     try:
                         controls.append((rec, decode_control(value)))
                     except ControlDecodeError as exc:
                         dead.append(self._dead(rec, exc.reason, exc.detail))
                     continue
-                RECORDS_IN.labels(self.name, "spans").inc()
+                self._records_spans.inc()
                 try:
                     decoded = decode_span_record(value, _headers(rec), self.cfg)
                 except RecordDecodeError as exc:
                     dead.append(self._dead(rec, exc.reason, exc.detail))
                     continue
+                # The watermark keeps a partition's latest end time: one observation per record.
+                latest_end = 0
                 for tenant, span in decoded.spans:
                     groups.setdefault((tenant, span.trace_id), []).append(span_fact(span, max_arg))
-                    if span.end_time_unix_nano:
-                        self.watermarks.observe(tp.partition, span.end_time_unix_nano // 1_000_000, wall)
+                    end = span.end_time_unix_nano
+                    if end and end > latest_end:
+                        latest_end = end
+                if latest_end:
+                    self.watermarks.observe(tp.partition, latest_end // 1_000_000, wall)
                 res.spans += len(decoded.spans)
-                SPANS_IN.labels(self.name).inc(len(decoded.spans))
+                self._spans_in.inc(len(decoded.spans))
                 for i, (tenant, trace, reason, _detail) in enumerate(decoded.rejected):
                     DROPPED.labels(self.name, reason).inc()
                     if trace:

@@ -21,7 +21,8 @@ def span_fact(span: NeutralSpan, max_argument_bytes: int) -> dict[str, Any]:
     if e is not None:
         args = e.arguments
         state = e.arguments_state
-        if args is not None and len(args.encode()) > max_argument_bytes:
+        # A str of n characters is at most 4n UTF-8 bytes: encode only when that could exceed the cap.
+        if args is not None and len(args) * 4 > max_argument_bytes and len(args.encode()) > max_argument_bytes:
             args = args.encode()[:max_argument_bytes].decode("utf-8", "ignore")
             state = CaptureState.TRUNCATED
         x = [

@@ -220,27 +220,47 @@ def _any_value(v: AnyValue) -> AttrValue:
 
 
 def otlp_attributes(kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
-    return {kv.key: _any_value(kv.value) for kv in kvs}
+    # The hot path of every consumed span: strings and ints (most GenAI attributes) inline,
+    # everything else through _any_value. A repeated key keeps its last value, as before.
+    out: dict[str, AttrValue] = {}
+    for kv in kvs:
+        v = kv.value
+        kind = v.WhichOneof("value")
+        if kind == "string_value":
+            out[kv.key] = v.string_value
+        elif kind == "int_value":
+            out[kv.key] = v.int_value
+        else:
+            out[kv.key] = _any_value(v)
+    return out
+
+
+_ZERO_TRACE_ID = bytes(16)
+_ZERO_SPAN_ID = bytes(8)
 
 
 def from_otlp_span(span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] | None = None) -> NeutralSpan:
     """Build a neutral span from an OTLP protobuf ``Span``; raise SpanDecodeError on bad ids."""
-    if len(span.trace_id) != 16 or span.trace_id == bytes(16):
-        raise SpanDecodeError(f"trace_id must be 16 non-zero bytes, got {len(span.trace_id)} bytes")
-    if len(span.span_id) != 8 or span.span_id == bytes(8):
-        raise SpanDecodeError(f"span_id must be 8 non-zero bytes, got {len(span.span_id)} bytes")
-    if span.parent_span_id and len(span.parent_span_id) != 8:
-        raise SpanDecodeError(f"parent_span_id must be 8 bytes, got {len(span.parent_span_id)} bytes")
+    # Each protobuf field read builds a new Python object: read every id once.
+    trace_id = span.trace_id
+    span_id = span.span_id
+    parent = span.parent_span_id
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE_ID:
+        raise SpanDecodeError(f"trace_id must be 16 non-zero bytes, got {len(trace_id)} bytes")
+    if len(span_id) != 8 or span_id == _ZERO_SPAN_ID:
+        raise SpanDecodeError(f"span_id must be 8 non-zero bytes, got {len(span_id)} bytes")
+    if parent and len(parent) != 8:
+        raise SpanDecodeError(f"parent_span_id must be 8 bytes, got {len(parent)} bytes")
     flags = span.flags
     code = span.status.code  # 0 unset, 1 ok, 2 error
     # Bits 0-7 carry the W3C trace flags when the exporter fills them (many leave them 0):
     # only a filled-in byte with the sampled bit clear says "unsampled".
     sampled = not (flags & 0xFF and not flags & _FLAG_SAMPLED)
     return NeutralSpan(
-        trace_id=span.trace_id.hex(),
-        span_id=span.span_id.hex(),
+        trace_id=trace_id.hex(),
+        span_id=span_id.hex(),
         name=span.name,
-        parent_span_id=span.parent_span_id.hex() if span.parent_span_id else None,
+        parent_span_id=parent.hex() if parent else None,
         parent_is_remote=bool(flags & _FLAG_HAS_IS_REMOTE and flags & _FLAG_IS_REMOTE),
         start_time_unix_nano=span.start_time_unix_nano,
         end_time_unix_nano=span.end_time_unix_nano or None,
