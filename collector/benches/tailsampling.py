@@ -674,8 +674,9 @@ def _table(report: dict[str, Any], build: Build, targets: Sequence[Target]) -> T
             f"{tw['trace_bytes']:,.0f} B",
             f"{col['rss_per_trace']:,.0f} B",
             f"toolwitness: Redis MEMORY USAGE (state + sets), decided traces; Collector: VmRSS "
-            f"{col['rss_base_bytes'] / 1e6:,.0f} → {col['rss_bytes'] / 1e6:,.0f} MB holding "
-            f"{col['traces_on_memory']:,.0f} traces (Go heap {col['heap_per_trace']:,.0f} B/trace)",
+            f"{col['rss_base_bytes'] / 1e6:,.0f} → {col['rss_bytes'] / 1e6:,.0f} MB holding the "
+            f"{col['traces']:,} traces (traces_on_memory gauge {col['traces_on_memory']:,.0f}); "
+            f"Go heap {col['heap_per_trace']:,.0f} B/trace",
         )
     if targets:
         t.add_section()
