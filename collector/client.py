@@ -37,6 +37,7 @@ from google.protobuf.message import DecodeError
 
 from collector.config import KafkaConfig, KafkaSecurityConfig, TopicsConfig
 from collector.wire.convert import (
+    TENANT,
     decode_observation,
     decode_score_event,
     observation_from_proto,
@@ -92,6 +93,28 @@ class TopicSetupError(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 
 
+class _RedactSaslAuthentication(logging.Filter):
+    """aiokafka logs every request it sends at DEBUG (``aiokafka.conn``), SaslAuthenticateRequest
+    included, whose repr carries the SASL/PLAIN password in clear (SCRAM: the client proof). Such
+    arguments are replaced before any handler formats the record."""
+
+    REDACTED = "<SaslAuthenticateRequest: redacted by toolwitness>"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and any(type(a).__name__.startswith("SaslAuthenticate") for a in args):
+            record.args = tuple(
+                self.REDACTED if type(a).__name__.startswith("SaslAuthenticate") else a for a in args
+            )
+        return True
+
+
+def _redact_sasl_in_aiokafka_logs() -> None:
+    conn_log = logging.getLogger("aiokafka.conn")
+    if not any(isinstance(f, _RedactSaslAuthentication) for f in conn_log.filters):
+        conn_log.addFilter(_RedactSaslAuthentication())
+
+
 def kafka_security_kwargs(
     security: KafkaSecurityConfig | None, env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -118,6 +141,7 @@ def kafka_security_kwargs(
         ]
         if missing:
             raise ValueError(f"SASL credentials missing: set the environment variable(s) {', '.join(missing)}")
+        _redact_sasl_in_aiokafka_logs()
         kwargs["sasl_mechanism"] = security.sasl_mechanism
         kwargs["sasl_plain_username"] = environ[security.sasl_username_env]
         kwargs["sasl_plain_password"] = environ[security.sasl_password_env]
@@ -338,6 +362,8 @@ class ToolwitnessClient:
     ) -> None:
         if not tenant:
             raise ValueError("tenant must not be empty")
+        if not TENANT.fullmatch(tenant):  # the service would dead-letter every control message
+            raise ValueError(f"tenant {tenant!r} is not [A-Za-z0-9._-]{{1,64}}")
         self.bootstrap_servers = bootstrap_servers
         self.tenant = tenant
         self.topics = topics or TopicsConfig()

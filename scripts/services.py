@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Start, stop and inspect the local Redis and Kafka (KRaft) that the integration tests use.
 
-    python scripts/services.py up      [--keep-data] [--state-dir DIR] [--kafka-port N] ...
-    python scripts/services.py down    [--state-dir DIR]
+    python scripts/services.py up      [--keep-data] [--only redis|kafka] [--state-dir DIR] [--kafka-port N] ...
+    python scripts/services.py down    [--only redis|kafka] [--state-dir DIR]
     python scripts/services.py status  [--state-dir DIR]
 
 Standard library only, so it runs with any Python >= 3.11 (the Makefile uses .venv/bin/python).
@@ -102,6 +102,8 @@ class Config:
     controller_port: int
     timeout_s: float
     keep_data: bool
+    #: the services `up` / `down` act on (default both; e.g. restart only Redis in a fault test)
+    only: tuple[str, ...] = ("redis", "kafka")
 
     @property
     def redis_dir(self) -> Path:
@@ -802,8 +804,10 @@ SERVICES = ("redis", "kafka")
 def cmd_up(cfg: Config) -> int:
     t0 = time.monotonic()
     with state_lock(cfg.state_dir):
-        redis_up(cfg)
-        kafka_up(cfg)
+        if "redis" in cfg.only:
+            redis_up(cfg)
+        if "kafka" in cfg.only:
+            kafka_up(cfg)
     log(f"up in {time.monotonic() - t0:.1f}s; state in {cfg.state_dir}")
     print(f"KAFKA_BOOTSTRAP={cfg.kafka_bootstrap}")
     print(f"REDIS_URL={cfg.redis_url}")
@@ -815,6 +819,8 @@ def cmd_down(cfg: Config) -> int:
     with state_lock(cfg.state_dir):
         # Kafka first: it is the slow one and nothing depends on Redis to shut down.
         for service in reversed(SERVICES):
+            if service not in cfg.only:
+                continue
             d = cfg.state_dir / service
             rec = read_record(d, service)
             if rec is None:
@@ -885,9 +891,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", parents=[common], help="start Redis and Kafka (idempotent)")
+    only = argparse.ArgumentParser(add_help=False)
+    only.add_argument("--only", choices=SERVICES, default=None, help="act on this service only (default both)")
+    up = sub.add_parser("up", parents=[common, only], help="start Redis and Kafka (idempotent)")
     up.add_argument("--keep-data", action="store_true", help="do not wipe data dirs of stopped services")
-    sub.add_parser("down", parents=[common], help="stop the processes we started (by recorded pid)")
+    sub.add_parser("down", parents=[common, only], help="stop the processes we started (by recorded pid)")
     sub.add_parser("status", parents=[common], help="show each service, pid, ports, alive/dead")
     return parser
 
@@ -901,6 +909,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         or _env_int("TOOLWITNESS_SERVICES_CONTROLLER_PORT", DEFAULT_CONTROLLER_PORT),
         timeout_s=args.timeout or _env_float("TOOLWITNESS_SERVICES_TIMEOUT", DEFAULT_TIMEOUT_S),
         keep_data=bool(getattr(args, "keep_data", False)),
+        only=(args.only,) if getattr(args, "only", None) else SERVICES,
     )
 
 

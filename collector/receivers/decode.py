@@ -21,7 +21,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from collector.config import ServiceConfig
 from scoring.normalize.spans import AttrValue, NeutralSpan, SpanDecodeError, from_otlp_span, otlp_attributes
 
-_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+#: matched with fullmatch: ``$`` alone would also accept a trailing newline ("acme\n").
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 class RecordDecodeError(ValueError):
@@ -109,7 +110,7 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
     for rs in req.resource_spans:
         resource = otlp_attributes(rs.resource.attributes)
         tenant = record_tenant(headers, resource, cfg)
-        if not _TENANT.match(tenant):
+        if not _TENANT.fullmatch(tenant):
             raise RecordDecodeError("invalid_tenant", f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
         for ss in rs.scope_spans:
             for span in ss.spans:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -38,6 +39,12 @@ from scoring.models.scorables import check_trace_id
 
 Scope = TraceScorable | SessionScorable | MessageScorable
 
+#: A tenant as it appears in Redis keys (``tw:{<tenant>:…}``): the same rule as for span records,
+#: so no tenant can contain the ``:`` that separates it from a trace or expectation id.
+TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: The range of ``google.protobuf.Duration`` (about 10,000 years); the binary form accepts more.
+MAX_DURATION_SECONDS = 315_576_000_000
+
 
 class ControlDecodeError(ValueError):
     """A control record that cannot be used. ``reason`` is a short machine-readable code."""
@@ -48,6 +55,22 @@ class ControlDecodeError(ValueError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+def _expectation_to_json(expectation: ScoringExpectation) -> dict[str, object]:
+    """The expectation as JSON that validates back to the same model.
+
+    ``ArgumentMatcher`` tells its kind by which fields were *set* (``equals`` may be null), so a
+    plain ``model_dump`` (every field, unset ones as null) would not validate again: an
+    expectation with a regex / range / one-of matcher could then never be loaded from Redis.
+    Matchers are dumped with their set fields only.
+    """
+    doc = expectation.model_dump(mode="json")
+    for cond, cond_doc in zip(expectation.conditions, doc["conditions"], strict=True):
+        if isinstance(cond, ToolsCalled):
+            for req, req_doc in zip(cond.tools, cond_doc["tools"], strict=True):
+                req_doc["arguments"] = [m.model_dump(mode="json", exclude_unset=True) for m in req.arguments]
+    return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +97,7 @@ class RegisteredExpectation:
                 "tenant": self.tenant,
                 "scope": self.scope.model_dump(mode="json"),
                 "scorer": self.scorer,
-                "expectation": self.expectation.model_dump(mode="json"),
+                "expectation": _expectation_to_json(self.expectation),
                 "deadline_ms": self.deadline_ms,
                 "created_ms": self.created_ms,
             },
@@ -190,8 +213,12 @@ def decode_control(value: bytes, *, json_format_input: bool = False) -> control_
             msg.ParseFromString(value)
     except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError) as exc:
         raise ControlDecodeError("undecodable_control", f"{type(exc).__name__}: {exc}") from None
-    if msg.WhichOneof("message") is None:
+    kind = msg.WhichOneof("message")
+    if kind is None:
         raise ControlDecodeError("empty_control", "control message has no expectation, completion or cancel")
+    tenant = getattr(msg, kind).tenant
+    if tenant and not TENANT.fullmatch(tenant):
+        raise ControlDecodeError("invalid_tenant", f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
     return msg
 
 
@@ -209,11 +236,17 @@ def expectation_from_proto(
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(x) for x in first["loc"])
         raise ControlDecodeError("invalid_expectation", f"{where}: {first['msg']}") from None
-    except (ValueError, json.JSONDecodeError) as exc:
+    except (ValueError, json.JSONDecodeError, RecursionError) as exc:
         if isinstance(exc, ControlDecodeError):
             raise
-        raise ControlDecodeError("invalid_expectation", str(exc)) from None
-    deadline_s = e.deadline.ToTimedelta().total_seconds() if e.HasField("deadline") else default_deadline_s
+        raise ControlDecodeError("invalid_expectation", str(exc)[:300]) from None
+    if e.HasField("deadline"):
+        d = e.deadline
+        if abs(d.seconds) > MAX_DURATION_SECONDS or abs(d.nanos) > 999_999_999:
+            raise ControlDecodeError("invalid_expectation", f"deadline out of range: {d.seconds}s {d.nanos}ns")
+        deadline_s = d.ToTimedelta().total_seconds()
+    else:
+        deadline_s = default_deadline_s
     created_ms = now_ms
     return RegisteredExpectation(
         expectation_id=e.expectation_id,

@@ -534,3 +534,134 @@ async def create_topic(bootstrap: str, name: str, partitions: int, configs: Mapp
                 await asyncio.sleep(0.05)
         finally:
             await admin.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Fault tests (issue 9): isolated Redis / Kafka instances that a test may stop and restart, whole
+# traces as one record, exactly-once checks on the raw scores topic, Redis key listings.
+# ------------------------------------------------------------------------------------------------
+
+SERVICES_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "services.py"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports that were free on 127.0.0.1 a moment ago."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class IsolatedServices:
+    """A SECOND Redis and/or Kafka, started by ``scripts/services.py`` in its own state dir on free
+    ports, that a test may stop and restart (``down`` / ``up --keep-data``) without touching the
+    shared instance every other test uses. Every call runs the script as an asyncio subprocess,
+    so an in-process service keeps running (and failing, and retrying) while it works."""
+
+    def __init__(self, state_dir: Path, timeout_s: float = 90.0) -> None:
+        self.state_dir = state_dir
+        self.redis_port, self.kafka_port, self.controller_port = free_ports(3)
+        self.timeout_s = timeout_s
+        self.output: list[str] = []
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    async def _run(self, *args: str) -> str:
+        flags = [
+            f"--state-dir={self.state_dir}", f"--redis-port={self.redis_port}", f"--kafka-port={self.kafka_port}",
+            f"--controller-port={self.controller_port}",
+        ]
+        if args[0] == "up":
+            flags.append(f"--timeout={self.timeout_s:.0f}")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(SERVICES_SCRIPT), *args, *flags, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        async with asyncio.timeout(self.timeout_s + 60):
+            out, _ = await proc.communicate()
+        text = out.decode(errors="replace")
+        self.output.append(f"$ services.py {' '.join(args)}\n{text}")
+        if proc.returncode != 0:
+            raise RuntimeError(f"services.py {' '.join(args)} failed ({proc.returncode}):\n{text}")
+        return text
+
+    async def up(self, only: str, *, keep_data: bool = False) -> None:
+        await self._run("up", f"--only={only}", *(["--keep-data"] if keep_data else []))
+
+    async def down(self, only: str | None = None) -> None:
+        await self._run("down", *([f"--only={only}"] if only else []))
+
+    def pid(self, service: str) -> int | None:
+        meta = self.state_dir / service / f"{service}.json"
+        return int(json.loads(meta.read_text())["pid"]) if meta.exists() else None
+
+
+def whole_trace(
+    trace_id: str, t0_ms: int, tools: Sequence[str] = ("search",), *, arguments: str | None = None,
+    resource: Mapping[str, AttrInput] | None = None,
+) -> tuple[ExportTraceServiceRequest, int]:
+    """One OTLP request holding a whole trace: a root, a chat span and one execution per tool
+    (each with ``arguments`` when given). Returns (request, span count)."""
+    root = new_span_id()
+    spans = [
+        otlp_span(trace_id, span_id=root, name="agent", start_ms=t0_ms, end_ms=t0_ms + 500),
+        otlp_span(trace_id, parent=root, name="chat", start_ms=t0_ms + 1, end_ms=t0_ms + 20,
+                  attrs={"gen_ai.operation.name": "chat"}),
+    ]
+    for i, tool in enumerate(tools):
+        attrs = {"gen_ai.tool.call.arguments": arguments} if arguments is not None else None
+        spans.append(otlp_span(trace_id, parent=root, name=f"execute_tool {tool}", tool=tool,
+                               start_ms=t0_ms + 30 + 10 * i, end_ms=t0_ms + 35 + 10 * i, attrs=attrs))
+    req = otlp_request(spans)
+    for k, v in (resource or {}).items():
+        req.resource_spans[0].resource.attributes.add(key=k, value=_any_value(v))
+    return req, len(spans)
+
+
+def assert_exactly_once(records: Sequence[ConsumerRecord[bytes, bytes]], expected: Mapping[str, str]) -> int:
+    """The raw scores topic: every expectation in ``expected`` (id -> verdict) has exactly one
+    distinct score_id, version 1, the expected verdict; nothing else was scored; re-sent events are
+    byte-identical. Returns the number of re-sends."""
+    by_id = scores_by_id(records)
+    per_expectation: dict[str, set[str]] = {}
+    for sid, payloads in by_id.items():
+        assert all(p == payloads[0] for p in payloads), f"{sid}: re-sent events differ"
+        ev = decode_score_event(payloads[0])
+        assert ev.version == 1, ev
+        assert ev.expectation_id in expected, f"unexpected score for {ev.expectation_id}"
+        assert verdict(ev) == expected[ev.expectation_id], (ev.expectation_id, verdict(ev), ev.rationale)
+        per_expectation.setdefault(ev.expectation_id, set()).add(sid)
+    missing = set(expected) - set(per_expectation)
+    assert not missing, f"never scored: {sorted(missing)}"
+    contradicted = {e: s for e, s in per_expectation.items() if len(s) != 1}
+    assert not contradicted, f"more than one score_id: {contradicted}"
+    return sum(len(p) - 1 for p in by_id.values())
+
+
+async def redis_keys(cfg: ServiceConfig, pattern: str = "*") -> list[str]:
+    """Every key under the stack's key prefix matching ``<prefix>:<pattern>`` (SCAN, not KEYS)."""
+    redis: Redis = Redis.from_url(cfg.redis.url)
+    try:
+        return sorted([k.decode() async for k in redis.scan_iter(match=f"{cfg.redis.key_prefix}:{pattern}",
+                                                                 count=1000)])
+    finally:
+        await redis.aclose()
+
+
+def counter_value(name: str, labels: Mapping[str, str]) -> float:
+    """An in-process metric sample from the service's registry (0 when never incremented)."""
+    from collector.telemetry.metrics import REGISTRY
+
+    return REGISTRY.get_sample_value(name, dict(labels)) or 0.0
