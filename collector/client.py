@@ -269,7 +269,7 @@ async def ensure_topics(
 
 def matcher_to_proto(m: ArgumentMatcher) -> control_pb2.ArgumentMatcher:
     """One argument matcher; values travel as canonical JSON."""
-    if "equals" in m.model_fields_set:
+    if m.kind == "equals":
         return control_pb2.ArgumentMatcher(path=m.path, equals_json=canonical_json(m.equals))
     if m.regex is not None:
         return control_pb2.ArgumentMatcher(path=m.path, regex=m.regex)

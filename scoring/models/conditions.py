@@ -31,10 +31,26 @@ class ArgumentMatcher(_Frozen):
     maximum: float | None = None
     one_of: tuple[JsonValue, ...] | None = None
 
+    @property
+    def kind(self) -> Literal["equals", "regex", "range", "one_of"]:
+        """Which check this matcher makes (validated to be exactly one)."""
+        if self.regex is not None:
+            return "regex"
+        if self.minimum is not None or self.maximum is not None:
+            return "range"
+        if self.one_of is not None:
+            return "one_of"
+        return "equals"
+
     @model_validator(mode="after")
     def _exactly_one(self) -> ArgumentMatcher:
+        others = self.regex is not None or self.minimum is not None or self.maximum is not None
+        others = others or self.one_of is not None
+        # ``equals`` may be JSON null, so "set" means explicitly given — except that a dumped
+        # matcher carries ``equals: null`` next to its real kind; that null is not a second kind.
+        equals_given = "equals" in self.model_fields_set and not (self.equals is None and others)
         kinds = [
-            "equals" in self.model_fields_set,
+            equals_given,
             self.regex is not None,
             self.minimum is not None or self.maximum is not None,
             self.one_of is not None,

@@ -9,12 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scoring.models.message import Message
 
-_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def check_trace_id(value: str) -> str:
     """Validate a W3C trace id: 32 lowercase hex characters, not all zero."""
-    if not _TRACE_ID.match(value) or value == "0" * 32:
+    if not _TRACE_ID.fullmatch(value) or value == "0" * 32:
         raise ValueError(f"trace id must be 32 lowercase hex characters and not all zero, got {value!r}")
     return value
 

@@ -113,13 +113,14 @@ def match_arguments(matcher: ArgumentMatcher, execution: ToolExecution) -> Verdi
     if execution.arguments_state is not CaptureState.CAPTURED or execution.arguments is None:
         return U
     values = select(_parse_arguments(execution.arguments), matcher.path)
-    if "equals" in matcher.model_fields_set:
+    kind = matcher.kind
+    if kind == "equals":
         want = _canon_eq(matcher.equals)
         return Verdict.of(any(_canon_eq(v) == want for v in values))
-    if matcher.regex is not None:
+    if kind == "regex" and matcher.regex is not None:
         rx = _regex(matcher.regex)
         return Verdict.of(any(rx.search(v if isinstance(v, str) else _canon(v)) for v in values))
-    if matcher.one_of is not None:
+    if kind == "one_of" and matcher.one_of is not None:
         allowed = {_canon_eq(x) for x in matcher.one_of}
         return Verdict.of(any(_canon_eq(v) in allowed for v in values))
     lo = matcher.minimum if matcher.minimum is not None else float("-inf")

@@ -777,3 +777,23 @@ def test_from_readable_span_on_a_real_sdk_span() -> None:
     root_neutral = from_readable_span(finished["agent"])
     assert root_neutral.parent_span_id is None
     assert normalize_span(root_neutral).execution is None
+
+
+@pytest.mark.parametrize(
+    "matcher",
+    [
+        ArgumentMatcher(path="$.a", regex="^x"),
+        ArgumentMatcher(path="$.a", minimum=1, maximum=3),
+        ArgumentMatcher(path="$.a", one_of=(1, "x", None)),
+        ArgumentMatcher(path="$.a", equals=None),
+        ArgumentMatcher(path="$.a", equals={"k": [1, 2]}),
+    ],
+    ids=["regex", "range", "one_of", "equals-null", "equals-object"],
+)
+def test_argument_matcher_survives_its_own_round_trip(matcher: ArgumentMatcher) -> None:
+    """Expectations are stored as JSON (Redis) and read back: the matcher must mean the same."""
+    back = ArgumentMatcher.model_validate_json(matcher.model_dump_json())
+    assert back.kind == matcher.kind
+    for args in ('{"a": "xyz"}', '{"a": 2}', '{"a": null}', '{"a": {"k": [1, 2]}}', '{"b": 1}'):
+        e = ToolExecution(name="t", arguments=args, arguments_state=CaptureState.CAPTURED)
+        assert match_arguments(back, e) is match_arguments(matcher, e), args
