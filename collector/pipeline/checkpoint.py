@@ -43,6 +43,7 @@ from collector.processors.trace_state import TraceStateStore
 from collector.receivers.decode import RecordDecodeError, decode_span_record
 from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
 from collector.wire.convert import ControlDecodeError, check_marker, decode_control, expectation_from_proto, now_ms
+from scoring.score.base import ScorerConfigurationError
 
 log = logging.getLogger("toolwitness.checkpoint")
 
@@ -206,8 +207,13 @@ class Checkpoint:
                     # gives the expectation the same creation time and deadline again.
                     now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
                 )
-                if exp.scorer not in self.engine.decider.trees:
+                tree = self.engine.decider.trees.get(exp.scorer)
+                if tree is None:
                     raise ControlDecodeError("unknown_scorer", f"scorer tree {exp.scorer!r} is not configured")
+                try:
+                    tree.validate(exp.expectation)  # before it is stored: never a poison pill later
+                except ScorerConfigurationError as exc:
+                    raise ControlDecodeError("unscorable_expectation", str(exc)) from None
                 if await self.store.register(exp):
                     self.engine.remember(exp)
                     work.add(exp.tenant, [exp.expectation_id], "expectation")

@@ -165,7 +165,12 @@ class ToolwitnessService:
             await self._publish_watermarks()
 
     async def _publish_watermarks(self) -> None:
-        await self.watermarks.publish(await self.receiver.span_partitions_caught_up())
+        """Share this instance's watermarks; a Redis outage here is retried on the next poll."""
+        try:
+            await self.watermarks.publish(await self.receiver.span_partitions_caught_up())
+        except RETRIABLE as exc:
+            EXPORT_FAILURES.labels(self.name).inc()
+            log.warning("service: watermarks not published (%s: %s); retrying", type(exc).__name__, exc)
 
     async def _sweep_loop(self) -> None:
         interval = self.cfg.completion.sweep_interval_ms / 1000

@@ -159,15 +159,6 @@ async def test_corpus_otlp_json(kafka_bootstrap: str, redis_url: str) -> None:
     print(f"\n[corpus otlp_json] {summary}")
 
 
-KNOWN_BUG = (
-    "collector/pipeline/checkpoint.py: an expectation is registered after checking only that its scorer "
-    "tree exists, not that the tree can judge it (Scorer.validate); the first evaluation then raises "
-    "ScorerConfigurationError (not retriable) inside Checkpoint.process and the poll loop ends -- on "
-    "every restart again, since the record is replayed (a poison pill)"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUG)
 async def test_expectation_the_tree_cannot_judge_is_not_a_poison_pill(kafka_bootstrap: str, redis_url: str) -> None:
     cfg = make_config(kafka_bootstrap, redis_url)
     topics = cfg.kafka.topics

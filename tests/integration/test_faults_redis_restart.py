@@ -47,13 +47,6 @@ from tests.integration.harness import (
 
 pytestmark = pytest.mark.integration
 
-KNOWN_BUG = (
-    "collector/pipeline/service.py: ToolwitnessService.run() calls _publish_watermarks() (a Redis HSET) "
-    "outside its retry handling, after every batch and on every empty poll, so the first Redis "
-    "ConnectionError there ends the poll loop instead of being retried (the batch path itself rides the "
-    "outage out: with that call guarded this test passes, Redis down ~1 s, all scores <1 s after it is back)"
-)
-
 PER_GROUP = 8
 
 
@@ -67,7 +60,6 @@ def failures() -> float:
     return EXPORT_FAILURES.labels("service")._value.get()  # type: ignore[no-any-return]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUG)
 async def test_redis_restart_with_aof_is_ridden_out(kafka_bootstrap: str, tmp_path: Path) -> None:
     started = time.monotonic()
     iso = IsolatedServices(tmp_path / "services")
