@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,12 +41,13 @@ from collector.processors.completion import WatermarkTracker
 from collector.processors.decide import Outcome
 from collector.processors.normalize import rejected_fact, span_fact
 from collector.processors.trace_state import TraceStateStore
-from collector.receivers.decode import RecordDecodeError, decode_span_record
+from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_record
 from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
 from collector.wire.convert import ControlDecodeError, check_marker, decode_control, expectation_from_proto, now_ms
 from scoring.score.base import ScorerConfigurationError
 
 log = logging.getLogger("toolwitness.checkpoint")
+_HEX = re.compile(rb"[0-9a-f]{32}")
 
 Batch = Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
 
@@ -117,6 +119,12 @@ class Checkpoint:
                     decoded = decode_span_record(value, _headers(rec), self.cfg)
                 except RecordDecodeError as exc:
                     dead.append(self._dead(rec, exc.reason, exc.detail))
+                    lost = self._lost_trace(rec)
+                    if lost is not None:
+                        # Its spans are unreadable but its trace is known from the key: that
+                        # trace can never be complete now, so its absence is never FALSE.
+                        placeholder = rejected_fact(f"unreadable-{rec.partition}-{rec.offset}")
+                        groups.setdefault(lost, []).append(placeholder)
                     continue
                 # The watermark keeps a partition's latest end time: one observation per record.
                 latest_end = 0
@@ -246,6 +254,20 @@ class Checkpoint:
                     work.pending.pop((tenant, c.expectation_id), None)
         except ControlDecodeError as exc:
             dead.append(self._dead(rec, exc.reason, exc.detail))
+
+    def _lost_trace(self, rec: ConsumerRecord[bytes, bytes]) -> tuple[str, str] | None:
+        """(tenant, trace id) of an unreadable record keyed by trace id, as producers partitioning
+        by trace do (the Collector's kafkaexporter, KafkaSpanExporter); None otherwise."""
+        key = rec.key or b""
+        if len(key) != 32 or not _HEX.fullmatch(key):
+            return None
+        tenant = self.cfg.tenant.default
+        for k, v in _headers(rec):
+            if k == self.cfg.tenant.header:
+                tenant = v.decode("utf-8", "replace")
+        if not TENANT_RE.fullmatch(tenant):
+            return None
+        return tenant, key.decode()
 
     def _dead(self, rec: ConsumerRecord[bytes, bytes], reason: str, detail: str) -> DeadLetter:
         log.warning(

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from collector.config import ServiceConfig
+from collector.telemetry.metrics import DROPPED
 from collector.wire.convert import RegisteredExpectation
 
 SEP = "\x1f"
@@ -239,6 +240,10 @@ class TraceStateStore:
         out: dict[tuple[str, str], ApplyResult] = {}
         for key, r in zip(keys, raw, strict=True):
             d = json.loads(r)
+            if d.get("ds"):
+                DROPPED.labels(self.name, "max_spans_per_trace").inc(int(d["ds"]))
+            if d.get("dx"):
+                DROPPED.labels(self.name, "max_tool_executions_per_trace").inc(int(d["dx"]))
             out[key] = ApplyResult(
                 new_spans=int(d["new"]),
                 span_count=int(d["n"]),

@@ -22,7 +22,7 @@ from collector.config import ServiceConfig
 from scoring.normalize.spans import AttrValue, NeutralSpan, SpanDecodeError, from_otlp_span, otlp_attributes
 
 #: matched with fullmatch: ``$`` alone would also accept a trailing newline ("acme\n").
-_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+TENANT_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 class RecordDecodeError(ValueError):
@@ -110,7 +110,7 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
     for rs in req.resource_spans:
         resource = otlp_attributes(rs.resource.attributes)
         tenant = record_tenant(headers, resource, cfg)
-        if not _TENANT.fullmatch(tenant):
+        if not TENANT_RE.fullmatch(tenant):
             raise RecordDecodeError("invalid_tenant", f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
         for ss in rs.scope_spans:
             for span in ss.spans:

@@ -6,10 +6,8 @@ goes over it, with expectations on what was kept (TRUE still provable), on what 
 on a tool that never ran (both: FALSE impossible -> UNDETERMINED at the deadline, with the
 coverage reason the doc names), and the counter the doc names is checked.
 
-Two known gaps are pinned by strict xfails (see docs/limits.md, "Known gaps"): spans and
-executions dropped by the per-trace limits are not counted by any metric, and a span over the
-per-trace limit that arrives in a later batch than the spans that filled the trace is dropped
-without marking the trace, so a marker without span count can make the absence FALSE.
+Spans and executions dropped by the per-trace limits are counted, and a span over the
+per-trace limit that arrives in a later batch still marks the trace (FALSE stays impossible).
 """
 
 from __future__ import annotations
@@ -170,16 +168,6 @@ async def send(producer: AIOKafkaProducer, topic: str, items: list[tuple[str, by
                            for k, v in items])
 
 
-GAP_COUNTED = (
-    "collector/processors/lua/apply_spans.lua + trace_state.py: spans over limits.max_spans_per_trace and "
-    "executions over limits.max_tool_executions_per_trace only set the trace's limit_exceeded flag; "
-    "the script does not return how many it dropped, so no metric counts them (docs/limits.md proposes "
-    "toolwitness_dropped_total{component=\"processor/trace_state\", reason=\"max_spans_per_trace\" | "
-    "\"max_tool_executions_per_trace\"})"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=GAP_COUNTED)
 async def test_spans_and_executions_over_the_per_trace_limits_are_counted(
     kafka_bootstrap: str, redis_url: str
 ) -> None:
@@ -208,15 +196,6 @@ async def test_spans_and_executions_over_the_per_trace_limits_are_counted(
         await drop_stack(cfg)
 
 
-GAP_LATER_BATCH = (
-    "collector/processors/lua/apply_spans.lua: the state is written back only `if added > 0 or not raw`, so "
-    "when every span of a batch is over limits.max_spans_per_trace (the trace was filled by an earlier "
-    "batch) the limit_exceeded flag it sets is lost; the trace then completes (marker without span count "
-    "+ watermark) and the absence of the dropped span's tool is scored FALSE"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=GAP_LATER_BATCH)
 async def test_span_over_the_limit_in_a_later_batch_keeps_false_impossible(
     kafka_bootstrap: str, redis_url: str
 ) -> None:
@@ -251,6 +230,41 @@ async def test_span_over_the_limit_in_a_later_batch_keeps_false_impossible(
             await producer.send_and_wait(topics.spans, value=otlp_request([clock]).SerializeToString(),
                                          key=b"clock", partition=0)
             ev = await tw.wait_for("late-dropped", timeout=30)
+            assert verdict(ev) == "undetermined", (verdict(ev), ev.rationale, list(ev.coverage.reasons))
+            assert "limit_exceeded" in ev.coverage.reasons
+    finally:
+        await drop_stack(cfg)
+
+
+async def test_unreadable_record_keyed_by_trace_keeps_false_impossible(kafka_bootstrap: str, redis_url: str) -> None:
+    """A record over max_record_bytes is dead-lettered unread; its key names the trace, which is
+    marked so a marker without span count (completion by watermark) cannot prove absence."""
+    cfg = limits_config(kafka_bootstrap, redis_url)
+    topics = cfg.kafka.topics
+    t0 = int(time.time() * 1000) - 60_000
+    trace_id = new_trace_id()
+    root = new_span_id()
+    kept = [otlp_span(trace_id, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 100)]
+    big = otlp_span(trace_id, parent=root, name="t", tool="lost_tool", start_ms=t0 + 50, end_ms=t0 + 51)
+    big_request = otlp_request([big])
+    # Pad the lost record past kafka.max_record_bytes with a long attribute.
+    big_request.resource_spans[0].scope_spans[0].spans[0].name = "t" * (cfg.kafka.max_record_bytes + 100)
+    clock = otlp_span(new_trace_id(), name="clock", start_ms=t0 + 30_000, end_ms=t0 + 30_001)
+    marker = control_pb2.CompletionMarker(tenant="default", trace_id=trace_id)  # no span count
+    marker.at.FromMilliseconds(t0 + 200)
+    try:
+        async with control_client(cfg) as tw, raw_producer(cfg) as producer, running_service(cfg):
+            await producer.send_and_wait(topics.spans, value=otlp_request(kept).SerializeToString(),
+                                         key=trace_id.encode(), partition=0)
+            await producer.send_and_wait(topics.spans, value=big_request.SerializeToString(),
+                                         key=trace_id.encode(), partition=0)
+            await producer.send_and_wait(topics.control, value=expectation_bytes(
+                "lost-record", [trace_id], expects("lost_tool"), deadline=timedelta(seconds=8)), key=b"lost")
+            await producer.send_and_wait(topics.control, value=control_pb2.ControlMessage(
+                completion=marker).SerializeToString(), key=trace_id.encode())
+            await producer.send_and_wait(topics.spans, value=otlp_request([clock]).SerializeToString(),
+                                         key=b"clock", partition=0)
+            ev = await tw.wait_for("lost-record", timeout=30)
             assert verdict(ev) == "undetermined", (verdict(ev), ev.rationale, list(ev.coverage.reasons))
             assert "limit_exceeded" in ev.coverage.reasons
     finally:

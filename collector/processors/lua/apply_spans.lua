@@ -4,7 +4,8 @@
 -- ARGV[5] global watermark ms  ARGV[6] allowed lateness ms  ARGV[7] inferred completion (1/0)
 -- Span fact: {i=span id, p=parent id or "", r=parent remote 0/1, e=end ms (0 = not ended),
 --             f={reasons...}, x=execution array or false, s=session id or ""}
--- Returns JSON {new, n, late, root_end, pend=[...], dec=[...] (only when late), sess=[...], state=<json or "">}
+-- Returns JSON {new, ds (spans dropped by the limit), dx (executions dropped), n, late, root_end,
+--   pend=[...], dec=[...] (only when late), sess=[...], state=<json or "">}
 local raw = redis.call('GET', KEYS[1])
 local st
 if raw then
@@ -30,13 +31,18 @@ local function complete_now()
 end
 
 local added = 0
+local dropped_spans = 0
+local dropped_execs = 0
+local flagged = false
 local root_end = 0
 local new_sessions = {}
 local was_complete = complete_now()
 for _, f in ipairs(facts) do
   if not st.s[f.i] then
     if st.n >= max_spans then
+      if not st.r['limit_exceeded'] then flagged = true end
       st.r['limit_exceeded'] = 1
+      dropped_spans = dropped_spans + 1
     else
       if was_complete then st.l = 1 end
       st.s[f.i] = 1
@@ -50,7 +56,12 @@ for _, f in ipairs(facts) do
       if f.e > st.me then st.me = f.e end
       for _, reason in ipairs(f.f) do st.r[reason] = 1 end
       if f.x then
-        if #st.x >= max_execs then st.r['limit_exceeded'] = 1 else table.insert(st.x, f.x) end
+        if #st.x >= max_execs then
+          st.r['limit_exceeded'] = 1
+          dropped_execs = dropped_execs + 1
+        else
+          table.insert(st.x, f.x)
+        end
       end
       if f.s ~= '' and not st.ss[f.s] then st.ss[f.s] = 1; table.insert(new_sessions, f.s) end
     end
@@ -59,7 +70,8 @@ end
 if st.mc >= 0 and st.n > st.mc then st.l = 1 end
 
 local encoded = cjson.encode(st)
-if added > 0 or not raw then
+-- Write back when anything changed, including a limit flag set by spans that were all dropped.
+if added > 0 or flagged or not raw then
   redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
 end
 local pend = redis.call('SMEMBERS', KEYS[2])
@@ -67,5 +79,5 @@ local dec = {}
 if st.l == 1 then dec = redis.call('SMEMBERS', KEYS[3]) end
 local out_state = ''
 if #pend > 0 or #dec > 0 then out_state = encoded end
-return cjson.encode({new = added, n = st.n, late = st.l, root_end = root_end,
+return cjson.encode({new = added, ds = dropped_spans, dx = dropped_execs, n = st.n, late = st.l, root_end = root_end,
   pend = pend, dec = dec, sess = new_sessions, state = out_state})
