@@ -69,13 +69,25 @@ def validate_config(config: ConfigOpt = None) -> None:
     except (ConfigError, ValueError) as exc:
         typer.echo(f"toolwitness: {exc}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(cfg.model_dump_json(indent=2))
+    typer.echo(_redact_urls(cfg.model_dump_json(indent=2)))
+
+
+def _redact_urls(text: str) -> str:
+    """Hide credentials embedded in URLs (redis://user:secret@host) before printing."""
+    import re
+
+    return re.sub(r"(://[^:/@\s\"]*:)[^@/\s\"]+@", r"\1***@", text)
 
 
 @app.command()
 def sidecar(
     listen: Annotated[str, typer.Option(help="host:port for OTLP/gRPC")] = "127.0.0.1:4317",
     config: ConfigOpt = None,
+    tls_cert: Annotated[str, typer.Option(help="server certificate (PEM) to serve TLS")] = "",
+    tls_key: Annotated[str, typer.Option(help="server private key (PEM)")] = "",
+    token_env: Annotated[str, typer.Option(help="env var holding the required bearer token")] = (
+        "TOOLWITNESS_SIDECAR_TOKEN"
+    ),
 ) -> None:
     """OTLP/gRPC TraceService receiver that forwards spans to Kafka keyed by trace id."""
     from collector.config import load_config
@@ -83,8 +95,11 @@ def sidecar(
 
     cfg = load_config(config)
     _logging(cfg.log_level)
+    sidecar_cfg = SidecarConfig(
+        listen=listen, kafka=cfg.kafka, bearer_token_env=token_env, tls_certfile=tls_cert, tls_keyfile=tls_key
+    )
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_sidecar(SidecarConfig(listen=listen, kafka=cfg.kafka)))
+        asyncio.run(run_sidecar(sidecar_cfg))
 
 
 @app.command()

@@ -242,6 +242,9 @@ class Checkpoint:
                     work.revisions.update((tenant, d) for d in dec)
                     if count is None:
                         waits.append((tenant, m.trace_id, at + self.cfg.completion.allowed_lateness_ms))
+                    elif not pend and state.span_count == count and not state.late:
+                        # Complete and nothing left to decide (e.g. decided TRUE before the marker).
+                        await self.store.reclaim([(tenant, m.trace_id)])
                 else:
                     work.add(tenant, await self.store.mark_session_complete(tenant, m.session_id, at), "marker")
             elif kind == "cancel":

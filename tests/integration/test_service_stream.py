@@ -24,6 +24,7 @@ from tests.integration.harness import (
     make_config,
     running_service,
     settled,
+    until,
     verdict,
 )
 
@@ -244,4 +245,11 @@ async def test_state_of_decided_complete_traces_is_reclaimed(kafka_bootstrap: st
         open_ttl = await service.redis.pttl(service.store.k.state("default", still_open))
         assert 0 < state_ttl <= 30_000, state_ttl  # complete and decided: reclaimed after the grace period
         assert open_ttl > 30_000, open_ttl  # not complete: kept for the full retention
+        # Its marker arrives after its TRUE: complete with nothing left to decide -> reclaimed too.
+        await tw.mark_complete(still_open, span_count=agent.counter.count(still_open))
+
+        async def reclaimed() -> bool:
+            return 0 < await service.redis.pttl(service.store.k.state("default", still_open)) <= 30_000
+
+        await until(reclaimed, timeout=30)
     agent.close()

@@ -61,3 +61,11 @@ def test_not_a_mapping(tmp_path: Path) -> None:
     p.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(p, env={})
+
+
+def test_validate_config_never_prints_url_credentials() -> None:
+    from collector.cli import _redact_urls
+
+    out = _redact_urls('{"url": "redis://user:s3cr3t@redis:6379/0", "other": "rediss://:pw@h:1"}')
+    assert "s3cr3t" not in out and ":pw@" not in out
+    assert "redis://user:***@redis:6379/0" in out
