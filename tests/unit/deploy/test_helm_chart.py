@@ -525,3 +525,16 @@ def test_notes_validate_and_show_the_acls(helm: Helm, tmp_path: Path) -> None:
     assert "Only the control plane may write" in text
     assert "User:toolwitness-control-plane: Write,Describe on topic toolwitness.control" in text
     assert "/healthz" in text and "/readyz" in text and "/metrics" in text
+
+
+def test_acl_principals_are_shell_safe_and_the_agent_is_never_the_control_plane(helm: Helm, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('kafkaAcls:\n  enabled: true\n  spanProducerPrincipals: ["User:a$(reboot)"]\n')
+    proc = helm.run("template", "t", str(CHART), "-f", str(bad))
+    assert proc.returncode != 0 and "shell commands" in proc.stderr
+    same = tmp_path / "same.yaml"
+    same.write_text(
+        'kafkaAcls:\n  enabled: true\n  controlPlanePrincipal: "User:agent"\n  spanProducerPrincipals: ["User:agent"]\n'
+    )
+    proc = helm.run("template", "t", str(CHART), "-f", str(same))
+    assert proc.returncode != 0 and "both the control-plane principal and a span producer" in proc.stderr

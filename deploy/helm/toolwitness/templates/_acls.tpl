@@ -8,6 +8,14 @@ expectations or declare completion for itself.
 {{- define "toolwitness.kafkaAcls" -}}
 {{- $t := .Values.config.kafka.topics }}
 {{- $a := .Values.kafkaAcls }}
+{{- range $p := (concat (list $a.controlPlanePrincipal $a.servicePrincipal) $a.spanProducerPrincipals $a.scoreConsumerPrincipals) }}
+{{- if not (regexMatch "^[A-Za-z]+:[A-Za-z0-9._@=,*-]+$" $p) }}
+{{- fail (printf "kafkaAcls: principal %q must look like Type:name (letters, digits, . _ @ = , * -): it is pasted into shell commands" $p) }}
+{{- end }}
+{{- end }}
+{{- if has $a.controlPlanePrincipal $a.spanProducerPrincipals }}
+{{- fail (printf "kafkaAcls: %s is both the control-plane principal and a span producer: the agent under test could then register expectations and declare completion for itself" $a.controlPlanePrincipal) }}
+{{- end }}
 {{- $acls := list }}
 {{- $acls = append $acls (dict "principal" $a.controlPlanePrincipal "resourceType" "topic" "name" $t.control "operations" (list "Write" "Describe") "why" "the control plane is the only writer of expectations and completion markers") }}
 {{- range $a.spanProducerPrincipals }}
@@ -32,6 +40,6 @@ expectations or declare completion for itself.
 {{- $acls := include "toolwitness.kafkaAcls" . | fromYamlArray }}
 {{- range $acls }}
 # {{ .why }}
-kafka-acls.sh --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal {{ .principal | quote }}{{ range .operations }} --operation {{ . }}{{ end }} --{{ .resourceType }} {{ .name | quote }}
+kafka-acls.sh --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal {{ .principal | squote }}{{ range .operations }} --operation {{ . }}{{ end }} --{{ .resourceType }} {{ .name | squote }}
 {{- end }}
 {{- end }}
