@@ -1100,7 +1100,7 @@ async def _run(
             profiler: Any = None
             async with _service(cfg, meter) as svc:
                 if profile:
-                    from pyinstrument import Profiler  # optional: installed by hand for profiling
+                    from pyinstrument import Profiler  # a dev dependency (pyproject [dev])
 
                     profiler = Profiler(interval=0.001, async_mode="disabled")
                     profiler.start()
