@@ -16,7 +16,7 @@ noisy machine:
   carrying tool X is handed to the producer to the moment the score is read from the scores
   topic by a consumer in that same process;
 - **Redis bytes** of one 25-span, 10-tool trace: ``MEMORY USAGE`` summed over the trace's keys
-  (state, pending and decided sets).
+  (one state key per trace; its pending and decided expectation ids are inside it).
 
 Every record is one ``ExportTraceServiceRequest`` holding one whole trace (25 spans: an
 ``invoke_agent`` root, 14 chat spans, 10 ``execute_tool`` spans), keyed by the 32-hex trace id,
@@ -264,12 +264,10 @@ def _control_record(trace: BenchTrace, tool: str | None = None, expectation_id: 
 
 
 async def trace_memory(redis: Redis, keys: Keys, tenant: str, trace_id: str) -> dict[str, int]:
-    """``MEMORY USAGE`` (all samples) of one trace's keys: state, pending, decided (0 = key absent)."""
-    names = {
-        "state": keys.state(tenant, trace_id),
-        "pending": keys.pending(tenant, trace_id),
-        "decided": keys.decided(tenant, trace_id),
-    }
+    """``MEMORY USAGE`` (all samples) of one trace's keys (0 = key absent).
+
+    A trace has one key: its state also holds its pending and decided expectation ids."""
+    names = {"state": keys.state(tenant, trace_id)}
     out: dict[str, int] = {}
     for part, key in names.items():
         used = await redis.memory_usage(key, samples=0)

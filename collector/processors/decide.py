@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from collector.config import CompletionConfig, ScorerTreeConfig, ServiceConfig
+from collector.processors.normalize import unpack_execution
 from collector.processors.trace_state import TraceState
 from collector.wire.convert import (
     RegisteredExpectation,
@@ -25,7 +26,6 @@ from collector.wire.convert import (
 from collector.wire.gen import common_pb2, score_pb2
 from scoring.models import (
     Acquisition,
-    CaptureState,
     CompletionSource,
     Coverage,
     MessageScorable,
@@ -87,25 +87,7 @@ def trace_coverage(
 
 
 def executions_of(st: TraceState, trace_id: str) -> list[ToolExecution]:
-    out = []
-    for x in st.executions:
-        span_id, name, status, start, end, arg_state, args, call_id, conv = x
-        state = CaptureState(arg_state)
-        out.append(
-            ToolExecution(
-                name=name,
-                trace_id=trace_id,
-                span_id=span_id,
-                call_id=call_id or None,
-                status="error" if status == "error" else "ok",
-                start_time_unix_nano=int(start),
-                end_time_unix_nano=int(end),
-                arguments=args if state is not CaptureState.ABSENT else None,
-                arguments_state=state,
-                convention="openinference" if conv == "openinference" else "gen_ai",
-            )
-        )
-    return out
+    return [unpack_execution(x, trace_id) for x in st.executions]
 
 
 @dataclass(frozen=True, slots=True)

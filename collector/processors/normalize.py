@@ -5,16 +5,85 @@ It reuses ``scoring.normalize.normalize_span``; it never re-implements the rules
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
-from scoring.models.evidence import LIMIT_EXCEEDED, CaptureState
+from scoring.models.evidence import LIMIT_EXCEEDED, CaptureState, ToolExecution
 from scoring.normalize.spans import NeutralSpan, normalize_span
 
 SPAN_REJECTED = "span_rejected"
 
 
+def short_id(hex_id: str) -> str:
+    """A span id as the trace state stores it: 8 bytes in base64url (11 characters, not 16)."""
+    try:
+        return base64.urlsafe_b64encode(bytes.fromhex(hex_id)).rstrip(b"=").decode()
+    except ValueError:
+        return hex_id  # not a hex id (placeholders): stored as given
+
+
+def long_id(short: str) -> str:
+    """The inverse of ``short_id``."""
+    if len(short) != 11:
+        return short
+    try:
+        return base64.urlsafe_b64decode(short + "=").hex()
+    except (ValueError, binascii.Error):
+        return short
+
+
+_CAPTURE_CODES = {CaptureState.CAPTURED: 0, CaptureState.ABSENT: 1, CaptureState.TRUNCATED: 2}
+_CAPTURE_STATES = {v: k for k, v in _CAPTURE_CODES.items()}
+
+
+def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> list[Any]:
+    """A tool execution as the compact array the trace state keeps (memory per trace is bounded).
+
+    ``[span_id, name, failed 0/1, start ns (string: Lua numbers are doubles), duration µs
+    (-1 = not ended), capture code 0 captured / 1 absent / 2 truncated, arguments, call id,
+    openinference 0/1]``; trailing defaults (empty call id, GenAI convention) are left off.
+    """
+    dur = (e.end_time_unix_nano - e.start_time_unix_nano) // 1000 if e.end_time_unix_nano else -1
+    x: list[Any] = [
+        e.span_id,
+        e.name,
+        1 if e.status == "error" else 0,
+        str(e.start_time_unix_nano),
+        max(dur, -1),
+        _CAPTURE_CODES[state],
+        args or "",
+        e.call_id or "",
+        1 if e.convention == "openinference" else 0,
+    ]
+    while len(x) > 7 and not x[-1]:
+        x.pop()
+    return x
+
+
+def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
+    """The inverse of ``pack_execution`` (end time kept to the microsecond)."""
+    span_id, name, failed, start, dur, code, args = x[:7]
+    call_id = x[7] if len(x) > 7 else ""
+    conv = x[8] if len(x) > 8 else 0
+    state = _CAPTURE_STATES[int(code)]
+    begin = int(start)
+    return ToolExecution.model_construct(
+        name=name,
+        trace_id=trace_id,
+        span_id=long_id(span_id),
+        call_id=call_id or None,
+        status="error" if failed else "ok",
+        start_time_unix_nano=begin,
+        end_time_unix_nano=begin + int(dur) * 1000 if int(dur) >= 0 else 0,
+        arguments=args if state is not CaptureState.ABSENT else None,
+        arguments_state=state,
+        convention="openinference" if conv else "gen_ai",
+    )
+
+
 def span_fact(span: NeutralSpan, max_argument_bytes: int) -> dict[str, Any]:
-    """The compact record apply_spans.lua stores (times of executions kept in ns as strings)."""
+    """The compact record apply_spans.lua stores for one span."""
     facts = normalize_span(span)
     x: list[Any] | bool = False
     e = facts.execution
@@ -25,21 +94,11 @@ def span_fact(span: NeutralSpan, max_argument_bytes: int) -> dict[str, Any]:
         if args is not None and len(args) * 4 > max_argument_bytes and len(args.encode()) > max_argument_bytes:
             args = args.encode()[:max_argument_bytes].decode("utf-8", "ignore")
             state = CaptureState.TRUNCATED
-        x = [
-            e.span_id,
-            e.name,
-            e.status,
-            str(e.start_time_unix_nano),
-            str(e.end_time_unix_nano),
-            state.value,
-            args or "",
-            e.call_id or "",
-            e.convention,
-        ]
+        x = pack_execution(e, args, state)
     end_ms = (span.end_time_unix_nano or 0) // 1_000_000
     return {
-        "i": span.span_id,
-        "p": span.parent_span_id or "",
+        "i": short_id(span.span_id),
+        "p": short_id(span.parent_span_id) if span.parent_span_id else "",
         "r": 1 if span.parent_is_remote else 0,
         "e": end_ms,
         "f": sorted(facts.reasons),

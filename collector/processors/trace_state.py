@@ -1,8 +1,9 @@
 """Per-trace evidence in Redis: one JSON state per trace, updated by registered Lua scripts.
 
-Keys are hash-tagged so one trace lives in one Cluster slot:
-``tw:{<tenant>:<trace_id>}:s`` (state), ``…:p`` (pending expectation ids),
-``…:d`` (decided expectation ids, kept for revisions). Expectations live at
+Keys are hash-tagged so one trace lives in one Cluster slot: ``tw:{<tenant>:<trace_id>}:s``
+is the trace's whole state — seen span ids, compact tool executions, coverage flags, marker,
+root end, and the ids of its pending and decided (kept for revisions) expectations; one
+key per trace keeps its memory bounded and measured (``MEMORY USAGE``). Expectations live at
 ``tw:{<tenant>:e:<id>}:def`` / ``…:dec``; sessions at ``tw:{<tenant>:s:<id>}:t``
 (trace ids) / ``…:p`` (pending). Global sorted sets: ``tw:deadlines``,
 ``tw:await_wm`` (traces waiting for the watermark), ``tw:unpub`` (decided but
@@ -64,12 +65,6 @@ class Keys:
 
     def state(self, tenant: str, trace_id: str) -> str:
         return f"{self.p}:{{{tenant}:{trace_id}}}:s"
-
-    def pending(self, tenant: str, trace_id: str) -> str:
-        return f"{self.p}:{{{tenant}:{trace_id}}}:p"
-
-    def decided(self, tenant: str, trace_id: str) -> str:
-        return f"{self.p}:{{{tenant}:{trace_id}}}:d"
 
     def session_traces(self, tenant: str, session_id: str) -> str:
         return f"{self.p}:{{{tenant}:s:{session_id}}}:t"
@@ -195,6 +190,7 @@ class TraceStateStore:
         self._apply: AsyncScript | None = None
         self._mark: AsyncScript | None = None
         self._decide: AsyncScript | None = None
+        self._index: AsyncScript | None = None
         self._claim: AsyncScript | None = None
         self._release: AsyncScript | None = None
 
@@ -202,6 +198,7 @@ class TraceStateStore:
         self._apply = self.redis.register_script(_lua("apply_spans.lua"))
         self._mark = self.redis.register_script(_lua("mark_complete.lua"))
         self._decide = self.redis.register_script(_lua("decide.lua"))
+        self._index = self.redis.register_script(_lua("index.lua"))
         self._claim = self.redis.register_script(_CLAIM_LUA)
         self._release = self.redis.register_script(_RELEASE_LUA)
         # Load them now so a broken script fails start-up, not the first batch.
@@ -224,7 +221,7 @@ class TraceStateStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, trace in keys:
                 await self._apply(
-                    keys=[self.k.state(tenant, trace), self.k.pending(tenant, trace), self.k.decided(tenant, trace)],
+                    keys=[self.k.state(tenant, trace)],
                     args=[
                         self.ttl_ms,
                         json.dumps(groups[(tenant, trace)], separators=(",", ":")),
@@ -277,7 +274,7 @@ class TraceStateStore:
     ) -> tuple[list[str], list[str], TraceState]:
         assert self._mark is not None
         raw = await self._mark(
-            keys=[self.k.state(tenant, trace_id), self.k.pending(tenant, trace_id), self.k.decided(tenant, trace_id)],
+            keys=[self.k.state(tenant, trace_id)],
             args=[self.ttl_ms, -1 if span_count is None else span_count, at_ms],
         )
         d = json.loads(raw)
@@ -291,10 +288,12 @@ class TraceStateStore:
         )
         if not created:
             return False
+        assert self._index is not None
         async with self.redis.pipeline(transaction=False) as pipe:
             for trace in exp.trace_ids():
-                pipe.sadd(self.k.pending(exp.tenant, trace), exp.expectation_id)
-                pipe.pexpire(self.k.pending(exp.tenant, trace), self.ttl_ms)
+                await self._index(
+                    keys=[self.k.state(exp.tenant, trace)], args=[self.ttl_ms, "add", exp.expectation_id], client=pipe
+                )
             if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
                 sid = exp.scope.session_id
                 pipe.sadd(self.k.session_pending(exp.tenant, sid), exp.expectation_id)
@@ -305,9 +304,12 @@ class TraceStateStore:
 
     async def forget(self, exp: RegisteredExpectation) -> None:
         """Drop a cancelled or finally decided expectation from the pending indexes."""
+        assert self._index is not None
         async with self.redis.pipeline(transaction=False) as pipe:
             for trace in exp.trace_ids():
-                pipe.srem(self.k.pending(exp.tenant, trace), exp.expectation_id)
+                await self._index(
+                    keys=[self.k.state(exp.tenant, trace)], args=[self.ttl_ms, "drop", exp.expectation_id], client=pipe
+                )
             if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
                 pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
             pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
@@ -396,18 +398,20 @@ class TraceStateStore:
         """
         if not decided and not finished:
             return
+        assert self._index is not None
         async with self.redis.pipeline(transaction=False) as pipe:
-            for exp in (*decided, *finished):
-                pipe.zadd(self.k.unpublished, {member(exp.tenant, exp.expectation_id): now_ms})
-                for trace in exp.trace_ids():
-                    pipe.srem(self.k.pending(exp.tenant, trace), exp.expectation_id)
-                if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-                    pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
-                pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
-            for exp in decided:
-                for trace in exp.trace_ids():
-                    pipe.sadd(self.k.decided(exp.tenant, trace), exp.expectation_id)
-                    pipe.pexpire(self.k.decided(exp.tenant, trace), self.ttl_ms)
+            for op, exps in (("done", decided), ("drop", finished)):
+                for exp in exps:
+                    pipe.zadd(self.k.unpublished, {member(exp.tenant, exp.expectation_id): now_ms})
+                    for trace in exp.trace_ids():
+                        await self._index(
+                            keys=[self.k.state(exp.tenant, trace)],
+                            args=[self.ttl_ms, op, exp.expectation_id],
+                            client=pipe,
+                        )
+                    if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
+                        pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
+                    pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
             await pipe.execute()
 
     async def reclaim(self, traces: Sequence[tuple[str, str]]) -> None:
@@ -417,8 +421,7 @@ class TraceStateStore:
         ms = self.cfg.redis.completed_ttl_seconds * 1000
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, trace in traces:
-                for key in (self.k.state(tenant, trace), self.k.decided(tenant, trace), self.k.pending(tenant, trace)):
-                    pipe.execute_command("PEXPIRE", key, ms, "LT")
+                pipe.execute_command("PEXPIRE", self.k.state(tenant, trace), ms, "LT")
             await pipe.execute()
 
     async def restore_decision(
@@ -451,7 +454,8 @@ class TraceStateStore:
         await self.redis.zadd(self.k.await_watermark, {member(t, tr): at for t, tr, at in items})
 
     async def trace_pending(self, tenant: str, trace_id: str) -> list[str]:
-        return sorted(_s(x) for x in await self.redis.smembers(self.k.pending(tenant, trace_id)))
+        raw = await self.redis.get(self.k.state(tenant, trace_id))
+        return sorted(json.loads(raw).get("pe") or {}) if raw is not None else []
 
     async def unclaim(self, zset: str, items: Sequence[tuple[str, str]], score: int) -> None:
         """Put claimed items back (their handling failed)."""

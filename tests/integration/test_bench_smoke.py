@@ -52,7 +52,7 @@ async def test_bench_pipeline_smoke(kafka_bootstrap: str, redis_url: str, capsys
 
     redis = report["redis"]
     assert redis["trace_bytes"] > 0
-    assert all(redis["trace_keys"][k] > 0 for k in ("state", "pending", "decided"))
+    assert set(redis["trace_keys"]) == {"state"} and redis["trace_keys"]["state"] > 0  # one key per trace
 
     names = [t["name"] for t in report["targets"]]
     assert len(names) == 3 and all(isinstance(t["met"], bool) for t in report["targets"])

@@ -1,5 +1,5 @@
 -- Apply one batch of normalized span facts to one trace's state, atomically.
--- KEYS[1] state (JSON string)  KEYS[2] pending expectation ids (set)  KEYS[3] decided expectation ids (set)
+-- KEYS[1] state (JSON string; it also holds the trace's pending `pe` and decided `de` expectation ids)
 -- ARGV[1] ttl ms  ARGV[2] JSON array of span facts  ARGV[3] max spans  ARGV[4] max tool executions
 -- ARGV[5] global watermark ms  ARGV[6] allowed lateness ms  ARGV[7] inferred completion (1/0)
 -- Span fact: {i=span id, p=parent id or "", r=parent remote 0/1, e=end ms (0 = not ended),
@@ -11,7 +11,7 @@ local st
 if raw then
   st = cjson.decode(raw)
 else
-  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, me = 0, mc = -1, ma = -1, l = 0, ss = {}}
+  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, me = 0, mc = -1, ma = -1, l = 0, ss = {}, pe = {}, de = {}}
 end
 local facts = cjson.decode(ARGV[2])
 local max_spans = tonumber(ARGV[3])
@@ -21,6 +21,11 @@ local lateness = tonumber(ARGV[6])
 local inferred = ARGV[7] == '1'
 
 local function next_empty(t) return next(t) == nil end
+local function keys_of(t)
+  local out = {}
+  for k, _ in pairs(t or {}) do table.insert(out, k) end
+  return out
+end
 
 -- Was the trace already complete before this batch? Then any new span breaks the claim.
 local function complete_now()
@@ -71,12 +76,14 @@ if st.mc >= 0 and st.n > st.mc then st.l = 1 end
 
 local encoded = cjson.encode(st)
 -- Write back when anything changed, including a limit flag set by spans that were all dropped.
-if added > 0 or flagged or not raw then
+if not raw then
   redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
+elseif added > 0 or flagged then
+  redis.call('SET', KEYS[1], encoded, 'KEEPTTL')
 end
-local pend = redis.call('SMEMBERS', KEYS[2])
+local pend = keys_of(st.pe)
 local dec = {}
-if st.l == 1 then dec = redis.call('SMEMBERS', KEYS[3]) end
+if st.l == 1 then dec = keys_of(st.de) end
 local out_state = ''
 if #pend > 0 or #dec > 0 then out_state = encoded end
 return cjson.encode({new = added, ds = dropped_spans, dx = dropped_execs, n = st.n, late = st.l, root_end = root_end,

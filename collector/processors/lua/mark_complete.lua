@@ -1,5 +1,5 @@
 -- Record a completion marker on one trace's state.
--- KEYS[1] state  KEYS[2] pending set  KEYS[3] decided set
+-- KEYS[1] state (holds the pending `pe` and decided `de` expectation ids)
 -- ARGV[1] ttl ms  ARGV[2] span count (-1 = unknown)  ARGV[3] marker event time ms
 -- Returns JSON {pend=[...], dec=[...], state=<json>}
 local raw = redis.call('GET', KEYS[1])
@@ -7,7 +7,12 @@ local st
 if raw then
   st = cjson.decode(raw)
 else
-  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, me = 0, mc = -1, ma = -1, l = 0, ss = {}}
+  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, me = 0, mc = -1, ma = -1, l = 0, ss = {}, pe = {}, de = {}}
+end
+local function keys_of(t)
+  local out = {}
+  for k, _ in pairs(t or {}) do table.insert(out, k) end
+  return out
 end
 local count = tonumber(ARGV[2])
 if count >= 0 then
@@ -17,7 +22,11 @@ if count >= 0 then
 end
 st.ma = tonumber(ARGV[3])
 local encoded = cjson.encode(st)
-redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
+if raw then
+  redis.call('SET', KEYS[1], encoded, 'KEEPTTL')
+else
+  redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
+end
 local dec = {}
-if st.l == 1 then dec = redis.call('SMEMBERS', KEYS[3]) end
-return cjson.encode({pend = redis.call('SMEMBERS', KEYS[2]), dec = dec, state = encoded})
+if st.l == 1 then dec = keys_of(st.de) end
+return cjson.encode({pend = keys_of(st.pe), dec = dec, state = encoded})
