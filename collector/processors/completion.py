@@ -16,6 +16,9 @@ from redis.asyncio import Redis
 from collector.config import CompletionConfig
 from collector.telemetry.metrics import WATERMARK
 
+#: how often the shared watermarks are written and read at most (seconds).
+REFRESH_S = 0.05
+
 
 class WatermarkTracker:
     name = "processor/completion"
@@ -27,6 +30,8 @@ class WatermarkTracker:
         self._max_event: dict[int, int] = {}
         self._last_active: dict[int, int] = {}
         self._assigned: set[int] = set()
+        self._published_at = 0.0
+        self._global: tuple[float, int] | None = None
 
     def assign(self, partitions: set[int]) -> None:
         self._assigned = set(partitions)
@@ -41,6 +46,12 @@ class WatermarkTracker:
         now = now_ms if now_ms is not None else int(time.time() * 1000)
         if not self._assigned:
             return
+        # At most every REFRESH_S: small batches would otherwise pay a Redis write each. A
+        # watermark shared a little late is only more conservative (less completion, never wrong).
+        tick = time.monotonic()
+        if tick - self._published_at < REFRESH_S:
+            return
+        self._published_at = tick
         mapping: dict[str | bytes, str | bytes] = {}
         for p in self._assigned:
             wm = self._max_event.get(p, 0) - self.cfg.max_out_of_orderness_ms if p in self._max_event else 0
@@ -50,6 +61,9 @@ class WatermarkTracker:
     async def global_watermark(self, now_ms: int | None = None) -> int:
         """Min over partitions, excluding idle caught-up ones; 0 when nothing is known."""
         now = now_ms if now_ms is not None else int(time.time() * 1000)
+        tick = time.monotonic()
+        if self._global is not None and tick - self._global[0] < REFRESH_S:
+            return self._global[1]  # a slightly older watermark: conservative
         raw = await self.redis.hgetall(self.key)
         active: list[int] = []
         idle: list[int] = []
@@ -66,4 +80,5 @@ class WatermarkTracker:
         else:
             g = 0
         WATERMARK.labels(self.name).set(g)
+        self._global = (tick, g)
         return g

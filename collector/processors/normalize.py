@@ -46,7 +46,7 @@ def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> l
     """
     dur = (e.end_time_unix_nano - e.start_time_unix_nano) // 1000 if e.end_time_unix_nano else -1
     x: list[Any] = [
-        e.span_id,
+        short_id(e.span_id),
         e.name,
         1 if e.status == "error" else 0,
         str(e.start_time_unix_nano),

@@ -6,12 +6,25 @@
 --             f={reasons...}, x=execution array or false, s=session id or ""}
 -- Returns JSON {new, ds (spans dropped by the limit), dx (executions dropped), n, late, root_end,
 --   pend=[...], dec=[...] (only when late), sess=[...], state=<json or "">}
+local function load_state(raw)
+  local st = cjson.decode(raw)
+  for _, k in ipairs({'s', 'x', 'r', 'p', 'ss', 'pe', 'de'}) do st[k] = st[k] or {} end
+  return st
+end
+-- Empty maps and lists are left out of the stored JSON (memory per trace is bounded).
+local function dump_state(st)
+  local out = {}
+  for k, v in pairs(st) do
+    if type(v) ~= 'table' or next(v) ~= nil then out[k] = v end
+  end
+  return cjson.encode(out)
+end
 local raw = redis.call('GET', KEYS[1])
 local st
 if raw then
-  st = cjson.decode(raw)
+  st = load_state(raw)
 else
-  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, me = 0, mc = -1, ma = -1, l = 0, ss = {}, pe = {}, de = {}}
+  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, mc = -1, ma = -1, l = 0, ss = {}, pe = {}, de = {}}
 end
 local facts = cjson.decode(ARGV[2])
 local max_spans = tonumber(ARGV[3])
@@ -58,7 +71,6 @@ for _, f in ipairs(facts) do
       if f.p == '' or f.r == 1 then
         if f.e > 0 then st.re = f.e; root_end = f.e end
       end
-      if f.e > st.me then st.me = f.e end
       for _, reason in ipairs(f.f) do st.r[reason] = 1 end
       if f.x then
         if #st.x >= max_execs then
@@ -74,7 +86,7 @@ for _, f in ipairs(facts) do
 end
 if st.mc >= 0 and st.n > st.mc then st.l = 1 end
 
-local encoded = cjson.encode(st)
+local encoded = dump_state(st)
 -- Write back when anything changed, including a limit flag set by spans that were all dropped.
 if not raw then
   redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
