@@ -195,10 +195,12 @@ class TraceStateStore:
         self._release: AsyncScript | None = None
 
     async def start(self) -> None:
-        self._apply = self.redis.register_script(_lua("apply_spans.lua"))
-        self._mark = self.redis.register_script(_lua("mark_complete.lua"))
+        # The state scripts share state.lua (Redis scripts cannot import): prepended here, once.
+        prelude = _lua("state.lua")
+        self._apply = self.redis.register_script(prelude + _lua("apply_spans.lua"))
+        self._mark = self.redis.register_script(prelude + _lua("mark_complete.lua"))
         self._decide = self.redis.register_script(_lua("decide.lua"))
-        self._index = self.redis.register_script(_lua("index.lua"))
+        self._index = self.redis.register_script(prelude + _lua("index.lua"))
         self._claim = self.redis.register_script(_CLAIM_LUA)
         self._release = self.redis.register_script(_RELEASE_LUA)
         # Load them now so a broken script fails start-up, not the first batch.

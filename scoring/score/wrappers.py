@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from pydantic import JsonValue
 
@@ -191,6 +191,21 @@ class _FallbackMixin:
     _scorer: Scorer
     _fallback: Scorer
 
+    def children(self) -> Sequence[Scorer]:
+        return (self._scorer, self._fallback)
+
+    def _identity_children(self) -> Mapping[str, Sequence[Scorer]]:
+        return {"scorer": (self._scorer,), "fallback_scorer": (self._fallback,)}
+
+    def route(self, child: Scorer, expectation: ScoringExpectation) -> ScoringExpectation:
+        """Both children see the whole expectation (they must support the same conditions)."""
+        return expectation
+
+    async def _score_async(
+        self, scorable: Scorable, expectation: ScoringExpectation, context: ScoringContext
+    ) -> list[Score]:
+        return await self._fallback_score(cast(Scorer, self), scorable, expectation, context)
+
     def _check_children(self, kind: ScoreType) -> None:
         for s in (self._scorer, self._fallback):
             if s.scorer_type != kind:
@@ -263,20 +278,6 @@ class TrueFalseFallbackScorer(_FallbackMixin, TrueFalseScorer):
         self._scorer, self._fallback = scorer, fallback_scorer
         self._check_children("true_false")
 
-    def children(self) -> Sequence[Scorer]:
-        return (self._scorer, self._fallback)
-
-    def _identity_children(self) -> Mapping[str, Sequence[Scorer]]:
-        return {"scorer": (self._scorer,), "fallback_scorer": (self._fallback,)}
-
-    def route(self, child: Scorer, expectation: ScoringExpectation) -> ScoringExpectation:
-        return expectation
-
-    async def _score_async(
-        self, scorable: Scorable, expectation: ScoringExpectation, context: ScoringContext
-    ) -> list[Score]:
-        return await self._fallback_score(self, scorable, expectation, context)
-
 
 class FloatScaleFallbackScorer(_FallbackMixin, FloatScaleScorer):
     def __init__(
@@ -285,20 +286,6 @@ class FloatScaleFallbackScorer(_FallbackMixin, FloatScaleScorer):
         FloatScaleScorer.__init__(self, categories=categories)
         self._scorer, self._fallback = scorer, fallback_scorer
         self._check_children("float_scale")
-
-    def children(self) -> Sequence[Scorer]:
-        return (self._scorer, self._fallback)
-
-    def _identity_children(self) -> Mapping[str, Sequence[Scorer]]:
-        return {"scorer": (self._scorer,), "fallback_scorer": (self._fallback,)}
-
-    def route(self, child: Scorer, expectation: ScoringExpectation) -> ScoringExpectation:
-        return expectation
-
-    async def _score_async(
-        self, scorable: Scorable, expectation: ScoringExpectation, context: ScoringContext
-    ) -> list[Score]:
-        return await self._fallback_score(self, scorable, expectation, context)
 
 
 class _ConversationMixin:

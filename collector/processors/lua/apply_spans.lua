@@ -6,25 +6,12 @@
 --             f={reasons...}, x=execution array or false, s=session id or ""}
 -- Returns JSON {new, ds (spans dropped by the limit), dx (executions dropped), n, late, root_end,
 --   pend=[...], dec=[...] (only when late), sess=[...], state=<json or "">}
-local function load_state(raw)
-  local st = cjson.decode(raw)
-  for _, k in ipairs({'s', 'x', 'r', 'p', 'ss', 'pe', 'de'}) do st[k] = st[k] or {} end
-  return st
-end
--- Empty maps and lists are left out of the stored JSON (memory per trace is bounded).
-local function dump_state(st)
-  local out = {}
-  for k, v in pairs(st) do
-    if type(v) ~= 'table' or next(v) ~= nil then out[k] = v end
-  end
-  return cjson.encode(out)
-end
 local raw = redis.call('GET', KEYS[1])
 local st
 if raw then
   st = load_state(raw)
 else
-  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, mc = -1, ma = -1, l = 0, ss = {}, pe = {}, de = {}}
+  st = new_state()
 end
 local facts = cjson.decode(ARGV[2])
 local max_spans = tonumber(ARGV[3])
@@ -34,11 +21,6 @@ local lateness = tonumber(ARGV[6])
 local inferred = ARGV[7] == '1'
 
 local function next_empty(t) return next(t) == nil end
-local function keys_of(t)
-  local out = {}
-  for k, _ in pairs(t or {}) do table.insert(out, k) end
-  return out
-end
 
 -- Was the trace already complete before this batch? Then any new span breaks the claim.
 local function complete_now()

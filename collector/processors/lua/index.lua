@@ -1,29 +1,14 @@
 -- Index an expectation on one trace's state: add it as pending, move it to decided, or drop it.
 -- Kept inside the trace's own JSON state (one key, one Cluster slot, no per-trace sets).
 -- KEYS[1] state  ARGV[1] ttl ms (for a state created here)  ARGV[2] op: add|done|drop  ARGV[3..] ids
-local function load_state(raw)
-  local st = cjson.decode(raw)
-  for _, k in ipairs({'s', 'x', 'r', 'p', 'ss', 'pe', 'de'}) do st[k] = st[k] or {} end
-  return st
-end
--- Empty maps and lists are left out of the stored JSON (memory per trace is bounded).
-local function dump_state(st)
-  local out = {}
-  for k, v in pairs(st) do
-    if type(v) ~= 'table' or next(v) ~= nil then out[k] = v end
-  end
-  return cjson.encode(out)
-end
 local raw = redis.call('GET', KEYS[1])
 local st
 if raw then
   st = load_state(raw)
 else
   if ARGV[2] ~= 'add' then return 0 end
-  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, mc = -1, ma = -1, l = 0, ss = {}, pe = {}, de = {}}
+  st = new_state()
 end
-st.pe = st.pe or {}
-st.de = st.de or {}
 for i = 3, #ARGV do
   local id = ARGV[i]
   if ARGV[2] == 'add' then

@@ -2,30 +2,12 @@
 -- KEYS[1] state (holds the pending `pe` and decided `de` expectation ids)
 -- ARGV[1] ttl ms  ARGV[2] span count (-1 = unknown)  ARGV[3] marker event time ms
 -- Returns JSON {pend=[...], dec=[...], state=<json>}
-local function load_state(raw)
-  local st = cjson.decode(raw)
-  for _, k in ipairs({'s', 'x', 'r', 'p', 'ss', 'pe', 'de'}) do st[k] = st[k] or {} end
-  return st
-end
--- Empty maps and lists are left out of the stored JSON (memory per trace is bounded).
-local function dump_state(st)
-  local out = {}
-  for k, v in pairs(st) do
-    if type(v) ~= 'table' or next(v) ~= nil then out[k] = v end
-  end
-  return cjson.encode(out)
-end
 local raw = redis.call('GET', KEYS[1])
 local st
 if raw then
   st = load_state(raw)
 else
-  st = {n = 0, s = {}, x = {}, r = {}, p = {}, re = 0, mc = -1, ma = -1, l = 0, ss = {}, pe = {}, de = {}}
-end
-local function keys_of(t)
-  local out = {}
-  for k, _ in pairs(t or {}) do table.insert(out, k) end
-  return out
+  st = new_state()
 end
 local count = tonumber(ARGV[2])
 if count >= 0 then
