@@ -330,6 +330,7 @@ def consumer_kwargs(k: KafkaConfig, group_id: str | None) -> dict[str, Any]:
         "auto_offset_reset": "earliest",
         "isolation_level": "read_committed",
         "max_poll_records": k.max_poll_records,
+        "fetch_max_wait_ms": k.fetch_max_wait_ms,
         "fetch_max_bytes": max(52428800, k.max_record_bytes * 2),
         "max_partition_fetch_bytes": max(1048576, k.max_record_bytes + 65536),
         "request_timeout_ms": k.request_timeout_ms,
@@ -590,7 +591,7 @@ async def _latency_run(job: LatencyJob) -> LatencyResult:
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="latest",
-        fetch_max_wait_ms=100,
+        fetch_max_wait_ms=10,
         **kafka_security_kwargs(k),
     )
     producer = AIOKafkaProducer(**producer_kwargs(k))

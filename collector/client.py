@@ -359,6 +359,7 @@ class ToolwitnessClient:
         client_id: str = "toolwitness-client",
         create_topics: bool = True,
         partitions: int = DEFAULT_PARTITIONS,
+        fetch_max_wait_ms: int = 20,
     ) -> None:
         if not tenant:
             raise ValueError("tenant must not be empty")
@@ -370,6 +371,10 @@ class ToolwitnessClient:
         self.timeout_s = timeout_s
         self._security = security
         self._client_id = client_id
+        if not 1 <= fetch_max_wait_ms <= 60_000:
+            raise ValueError(f"fetch_max_wait_ms must be 1..60000, got {fetch_max_wait_ms}")
+        #: the scores consumer's fetch wait: it bounds how long a published score can sit unread.
+        self._fetch_max_wait_ms = fetch_max_wait_ms
         self._create_topics = create_topics
         self._partitions = partitions
         self._kafka_kwargs = kafka_security_kwargs(security)
@@ -454,6 +459,7 @@ class ToolwitnessClient:
                     group_id=None,
                     enable_auto_commit=False,
                     auto_offset_reset="latest",
+                    fetch_max_wait_ms=self._fetch_max_wait_ms,
                     request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
                     **self._kafka_kwargs,
                 )

@@ -60,6 +60,10 @@ class KafkaConfig(_Section):
     max_record_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_poll_records: int = Field(default=500, ge=1)
     poll_timeout_ms: int = Field(default=100, ge=1)
+    #: how long the broker may hold a fetch that has no new records. Every partition of a
+    #: broker waits on that one fetch, so this bounds the time a fresh span record can sit
+    #: unread (aiokafka's default, 500 ms, would be the floor of time to verdict).
+    fetch_max_wait_ms: int = Field(default=10, ge=1, le=60000)
     request_timeout_ms: int = Field(default=30000, ge=1000)
     #: how long a dead instance keeps its partitions before the group rebalances.
     session_timeout_ms: int = Field(default=10000, ge=3000)

@@ -73,6 +73,7 @@ class KafkaOTLPReceiver:
             auto_offset_reset="earliest",
             isolation_level="read_committed",
             max_poll_records=k.max_poll_records,
+            fetch_max_wait_ms=k.fetch_max_wait_ms,
             fetch_max_bytes=max(52428800, k.max_record_bytes * 2),
             max_partition_fetch_bytes=max(1048576, k.max_record_bytes + 65536),
             request_timeout_ms=k.request_timeout_ms,

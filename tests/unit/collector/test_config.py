@@ -69,3 +69,13 @@ def test_validate_config_never_prints_url_credentials() -> None:
     out = _redact_urls('{"url": "redis://user:s3cr3t@redis:6379/0", "other": "rediss://:pw@h:1"}')
     assert "s3cr3t" not in out and ":pw@" not in out
     assert "redis://user:***@redis:6379/0" in out
+
+
+def test_fetch_max_wait_is_bounded_and_named(tmp_path: Path) -> None:
+    # It bounds how long a fresh span record can sit unread: 0 or more than a minute is refused.
+    assert load_config(None, env={}).kafka.fetch_max_wait_ms <= 100
+    for bad in ("0", "60001"):
+        p = tmp_path / "c.yaml"
+        p.write_text(f"kafka:\n  fetch_max_wait_ms: {bad}\n")
+        with pytest.raises(ConfigError, match=r"kafka\.fetch_max_wait_ms"):
+            load_config(p, env={})
