@@ -53,8 +53,11 @@ Batch = Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
 
 #: outcomes compare-and-set, produced and marked published together (steps 2b-4) ...
 DECIDE_SLICE = 128
-#: ... by this many concurrent lanes, so Redis and Kafka round trips overlap.
+#: ... by up to this many concurrent lanes, so Redis and Kafka round trips overlap ...
 DECIDE_LANES = 8
+#: ... each lane carrying at least this many: every lane costs its own round trips, so a
+#: small batch (the low-latency case) goes in one lane.
+DECIDE_LANE_MIN = 32
 
 
 @dataclass(slots=True)
@@ -188,7 +191,8 @@ class Checkpoint:
         return res
 
     async def _decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:
-        lanes = [outcomes[j::DECIDE_LANES] for j in range(min(DECIDE_LANES, len(outcomes)))]
+        n = max(1, min(DECIDE_LANES, len(outcomes) // DECIDE_LANE_MIN))
+        lanes = [outcomes[j::n] for j in range(n)]
         results = await asyncio.gather(*(self.engine.decide_and_send(lane) for lane in lanes), return_exceptions=True)
         for r in results:  # every lane has finished: re-raise the first failure as it was
             if isinstance(r, BaseException):
