@@ -167,17 +167,14 @@ class Engine:
                 final = o.verdict is Verdict.UNDETERMINED or o.trigger == "revision"
                 (finished if final else decided).append(o.expectation)
         # Noted as unpublished before anything is sent: the sweeper re-sends it if we die now.
-        await self.store.settle(decided, finished, now_ms)
-        await self.store.reclaim(
-            sorted(
-                {
-                    (o.expectation.tenant, t)
-                    for o, d in zip(outcomes, decisions, strict=True)
-                    if d.won and o.observation.coverage.complete
-                    for t in o.expectation.trace_ids()
-                }
-            )
-        )
+        # ... and complete, decided traces get their short life in the same call.
+        reclaim = {
+            (o.expectation.tenant, t)
+            for o, d in zip(outcomes, decisions, strict=True)
+            if d.won and o.observation.coverage.complete
+            for t in o.expectation.trace_ids()
+        }
+        await self.store.settle(decided, finished, now_ms, reclaim)
         sent: list[Published] = []
         for o, d in zip(outcomes, decisions, strict=True):
             exp = o.expectation

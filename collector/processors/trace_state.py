@@ -294,7 +294,9 @@ class TraceStateStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             for trace in exp.trace_ids():
                 await self._index(
-                    keys=[self.k.state(exp.tenant, trace)], args=[self.ttl_ms, "add", exp.expectation_id], client=pipe
+                    keys=[self.k.state(exp.tenant, trace)],
+                    args=[self.ttl_ms, "add", 0, exp.expectation_id],
+                    client=pipe,
                 )
             if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
                 sid = exp.scope.session_id
@@ -310,7 +312,9 @@ class TraceStateStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             for trace in exp.trace_ids():
                 await self._index(
-                    keys=[self.k.state(exp.tenant, trace)], args=[self.ttl_ms, "drop", exp.expectation_id], client=pipe
+                    keys=[self.k.state(exp.tenant, trace)],
+                    args=[self.ttl_ms, "drop", 0, exp.expectation_id],
+                    client=pipe,
                 )
             if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
                 pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
@@ -391,29 +395,44 @@ class TraceStateStore:
         return out
 
     async def settle(
-        self, decided: Sequence[RegisteredExpectation], finished: Sequence[RegisteredExpectation], now_ms: int
+        self,
+        decided: Sequence[RegisteredExpectation],
+        finished: Sequence[RegisteredExpectation],
+        now_ms: int,
+        reclaim: Iterable[tuple[str, str]] = (),
     ) -> None:
         """After winning compare-and-sets: note them unpublished (for the sweeper) and update the indexes.
 
         ``decided`` keep watching their traces for a broken completion claim; ``finished``
-        (UNDETERMINED, revisions) leave every index. One pipeline.
+        (UNDETERMINED, revisions) leave every index. The states of the ``reclaim`` traces
+        (complete, decided) get their short life in the same script call. One pipeline:
+        one script call per trace and operation, one ZADD and one ZREM for the whole slice.
         """
         if not decided and not finished:
             return
         assert self._index is not None
+        shorten = set(reclaim)
+        members = [member(e.tenant, e.expectation_id) for e in (*decided, *finished)]
+        by_trace: dict[tuple[str, str, str], list[str]] = {}
+        sessions: list[tuple[str, str, str]] = []
+        for op, exps in (("done", decided), ("drop", finished)):
+            for exp in exps:
+                for trace in exp.trace_ids():
+                    by_trace.setdefault((op, exp.tenant, trace), []).append(exp.expectation_id)
+                if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
+                    sessions.append((exp.tenant, exp.scope.session_id, exp.expectation_id))
+        ms = self.cfg.redis.completed_ttl_seconds * 1000
         async with self.redis.pipeline(transaction=False) as pipe:
-            for op, exps in (("done", decided), ("drop", finished)):
-                for exp in exps:
-                    pipe.zadd(self.k.unpublished, {member(exp.tenant, exp.expectation_id): now_ms})
-                    for trace in exp.trace_ids():
-                        await self._index(
-                            keys=[self.k.state(exp.tenant, trace)],
-                            args=[self.ttl_ms, op, exp.expectation_id],
-                            client=pipe,
-                        )
-                    if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-                        pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
-                    pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
+            pipe.zadd(self.k.unpublished, dict.fromkeys(members, now_ms))
+            for (op, tenant, trace), ids in by_trace.items():
+                await self._index(
+                    keys=[self.k.state(tenant, trace)],
+                    args=[self.ttl_ms, op, ms if (tenant, trace) in shorten else 0, *ids],
+                    client=pipe,
+                )
+            for tenant, session, exp_id in sessions:
+                pipe.srem(self.k.session_pending(tenant, session), exp_id)
+            pipe.zrem(self.k.deadlines, *members)
             await pipe.execute()
 
     async def reclaim(self, traces: Sequence[tuple[str, str]]) -> None:
@@ -446,7 +465,7 @@ class TraceStateStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, exp_id in items:
                 pipe.hset(self.k.decision(tenant, exp_id), "pub", 1)
-                pipe.zrem(self.k.unpublished, member(tenant, exp_id))
+            pipe.zrem(self.k.unpublished, *(member(t, i) for t, i in items))
             await pipe.execute()
 
     async def await_watermark(self, items: Sequence[tuple[str, str, int]]) -> None:

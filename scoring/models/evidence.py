@@ -58,6 +58,45 @@ class ToolExecution(_Frozen):
     def failed(self) -> bool:
         return self.status == "error"
 
+    @classmethod
+    def trusted(
+        cls,
+        name: str,
+        trace_id: str,
+        span_id: str,
+        call_id: str | None,
+        status: Literal["ok", "error", "unset"],
+        start_time_unix_nano: int,
+        end_time_unix_nano: int,
+        arguments: str | None,
+        arguments_state: CaptureState,
+        convention: Literal["gen_ai", "openinference"],
+    ) -> ToolExecution:
+        """An execution rebuilt from values that were validated when first seen (stored state).
+
+        No validation and no defaults: every field is given. Equal to the validated model of
+        the same values; about ten times cheaper than ``model_construct`` (the streaming
+        service rebuilds every execution of a trace for each decision).
+        """
+        m = cls.__new__(cls)
+        values = {
+            "name": name,
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "call_id": call_id,
+            "status": status,
+            "start_time_unix_nano": start_time_unix_nano,
+            "end_time_unix_nano": end_time_unix_nano,
+            "arguments": arguments,
+            "arguments_state": arguments_state,
+            "convention": convention,
+        }
+        object.__setattr__(m, "__dict__", values)
+        object.__setattr__(m, "__pydantic_fields_set__", set(values))
+        object.__setattr__(m, "__pydantic_extra__", None)
+        object.__setattr__(m, "__pydantic_private__", None)
+        return m
+
 
 class CompletionSource(StrEnum):
     MARKER = "marker"

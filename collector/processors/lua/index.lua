@@ -1,6 +1,8 @@
 -- Index an expectation on one trace's state: add it as pending, move it to decided, or drop it.
 -- Kept inside the trace's own JSON state (one key, one Cluster slot, no per-trace sets).
--- KEYS[1] state  ARGV[1] ttl ms (for a state created here)  ARGV[2] op: add|done|drop  ARGV[3..] ids
+-- KEYS[1] state  ARGV[1] ttl ms (for a state created here)  ARGV[2] op: add|done|drop
+-- ARGV[3] reclaim ms: > 0 shortens the state's life to at most that (PEXPIRE LT; the trace is
+--   complete and decided), 0 leaves it  ARGV[4..] ids
 local raw = redis.call('GET', KEYS[1])
 local st
 if raw then
@@ -9,7 +11,7 @@ else
   if ARGV[2] ~= 'add' then return 0 end
   st = new_state()
 end
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   local id = ARGV[i]
   if ARGV[2] == 'add' then
     if not st.de[id] then st.pe[id] = 1 end
@@ -26,4 +28,6 @@ if raw then
 else
   redis.call('SET', KEYS[1], dump_state(st), 'PX', ARGV[1])
 end
+local reclaim = tonumber(ARGV[3])
+if reclaim > 0 then redis.call('PEXPIRE', KEYS[1], reclaim, 'LT') end
 return 1
