@@ -22,22 +22,19 @@ Logs carry the component name ``poisoning``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, Tracer
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import Field, JsonValue
 
 from collector.boundary.wire import InterceptToolRequest, InterceptToolResponse, boundary_grpc
-from collector.grpc_auth import abort, require_bearer
+from collector.grpc_server import GrpcServer, GrpcServerConfig
 from collector.poisoning.campaigns import (
     NOT_ENROLLED,
     TOOL_NOT_TARGETED,
@@ -51,37 +48,16 @@ COMPONENT = "poisoning"
 DELIVERY_SPAN = "toolwitness.poisoning.delivery"
 log = logging.getLogger(__name__)
 _EXTRA = {"component": COMPONENT}
-_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 
 
-class PoisoningConfig(BaseModel):
-    """Where the poisoning service listens and how it authenticates callers."""
+class PoisoningConfig(GrpcServerConfig):
+    """Where the poisoning service listens and how it authenticates callers (TLS fields: see the base)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    #: host:port to listen on (port 0 = an ephemeral port, see ``PoisoningServer.port``).
     listen: str = "127.0.0.1:4320"
-    #: environment variable holding the bearer token; unset/empty = no token check.
     bearer_token_env: str = "TOOLWITNESS_POISONING_TOKEN"
-    tls_certfile: str = ""
-    tls_keyfile: str = ""
     max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"listen must be host:port, got {v!r}")
-        return v
-
-    @model_validator(mode="after")
-    def _tls_pair(self) -> PoisoningConfig:
-        if bool(self.tls_certfile) != bool(self.tls_keyfile):
-            raise ValueError("tls_certfile and tls_keyfile must be given together")
-        return self
 
 
 class _Servicer(boundary_grpc.ToolBoundaryServicer):  # type: ignore[misc]
@@ -96,8 +72,16 @@ def _abort_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
-class PoisoningServer:
-    """grpc.aio server around a ``CampaignRegistry``. ``start()`` / ``shutdown()``."""
+class PoisoningServer(GrpcServer[PoisoningConfig]):
+    """grpc.aio server around a ``CampaignRegistry``. ``start()`` / ``shutdown()``.
+
+    ``endpoint`` is the value for ``TOOLWITNESS_POISONING_ENDPOINT``.
+    """
+
+    COMPONENT = COMPONENT
+    CALL = "InterceptTool"
+    NOT_STARTED = "the poisoning server is not started"
+    _log = log
 
     def __init__(
         self,
@@ -107,101 +91,22 @@ class PoisoningServer:
         bearer_token: str | None = None,
         tracer: Tracer | None = None,
     ) -> None:
+        super().__init__(config or PoisoningConfig(), bearer_token)
         self.registry = registry
-        self.config = config or PoisoningConfig()
-        self._token = bearer_token.encode("utf-8") if bearer_token else None
         self._tracer = tracer
-        self._server: Any = None
-        self._port: int | None = None
-        self._started = False
-        self._lock = asyncio.Lock()
         self.calls = 0
         self.poisoned = 0
 
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("the poisoning server is not started")
-        return self._port
+    def _grpc_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_receive_message_length", self.config.max_message_bytes),
+            ("grpc.max_send_message_length", self.config.max_message_bytes),
+        ]
 
-    @property
-    def endpoint(self) -> str:
-        """host:port clients connect to (the value for ``TOOLWITNESS_POISONING_ENDPOINT``)."""
-        return f"{self.config.listen.rpartition(':')[0]}:{self.port}"
-
-    @property
-    def auth_required(self) -> bool:
-        return self._token is not None
-
-    async def start(self) -> None:
-        """Bind and start the gRPC server. Idempotent."""
-        async with self._lock:
-            if self._started:
-                return
-            try:
-                self._server = grpc.aio.server(
-                    options=[
-                        ("grpc.max_receive_message_length", self.config.max_message_bytes),
-                        ("grpc.max_send_message_length", self.config.max_message_bytes),
-                        ("grpc.so_reuseport", 0),
-                    ]
-                )
-                boundary_grpc.add_ToolBoundaryServicer_to_server(_Servicer(self), self._server)
-                tls = bool(self.config.tls_certfile)
-                if tls:
-                    key = await asyncio.to_thread(Path(self.config.tls_keyfile).read_bytes)
-                    cert = await asyncio.to_thread(Path(self.config.tls_certfile).read_bytes)
-                    port = self._server.add_secure_port(self.config.listen, grpc.ssl_server_credentials([(key, cert)]))
-                else:
-                    port = self._server.add_insecure_port(self.config.listen)
-                if not port:
-                    raise OSError(f"{COMPONENT}: cannot listen on {self.config.listen}")
-                self._port = int(port)
-                await self._server.start()
-            except BaseException:
-                server, self._server = self._server, None
-                if server is not None:
-                    await server.stop(0)
-                raise
-            self._started = True
-            host = self.config.listen.rpartition(":")[0]
-            if self._token is not None and not tls and host not in _LOOPBACK:
-                log.warning(
-                    "%s: bearer token configured without TLS on non-loopback %s: the token crosses the network "
-                    "in clear text", COMPONENT, self.config.listen, extra=_EXTRA,
-                )
-            log.info(
-                "%s: listening on %s:%d (tls=%s, auth=%s)", COMPONENT, host, self._port, tls,
-                self._token is not None, extra=_EXTRA,
-            )
-
-    async def shutdown(self, grace: float = 2.0) -> None:
-        """Stop accepting calls and let in-flight ones finish (``grace`` s). Idempotent."""
-        async with self._lock:
-            if not self._started:
-                return
-            self._started = False
-            server, self._server = self._server, None
-            try:
-                await server.stop(grace)
-            except Exception as exc:
-                log.warning("%s: stopping the gRPC server failed: %r", COMPONENT, exc, extra=_EXTRA)
-            log.info("%s: stopped", COMPONENT, extra=_EXTRA)
-
-    async def __aenter__(self) -> PoisoningServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
+    def _add_servicer(self, server: Any) -> None:
+        boundary_grpc.add_ToolBoundaryServicer_to_server(_Servicer(self), server)
 
     # -- the call --------------------------------------------------------------------------------
-
-    async def _abort(self, context: Any, code: Any, message: str) -> NoReturn:
-        await abort(context, code, message)
-
-    async def _check_auth(self, context: Any) -> None:
-        await require_bearer(context, self._token, component=COMPONENT, call="InterceptTool")
 
     @staticmethod
     def _passthrough(request: InterceptToolRequest, reason: str) -> InterceptToolResponse:
@@ -297,6 +202,4 @@ def create_poisoning_server(
 ) -> PoisoningServer:
     """Factory: a server for ``config`` (defaults), the token read from ``config.bearer_token_env``."""
     config = config or PoisoningConfig()
-    environ = os.environ if env is None else env
-    token = environ.get(config.bearer_token_env, "") if config.bearer_token_env else ""
-    return PoisoningServer(registry, config, bearer_token=token or None, tracer=tracer)
+    return PoisoningServer(registry, config, bearer_token=config.read_bearer_token(env), tracer=tracer)

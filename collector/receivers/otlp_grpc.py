@@ -17,11 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 from aiokafka import AIOKafkaProducer
@@ -32,11 +30,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from collector.client import kafka_security_kwargs
 from collector.config import KafkaConfig
-from collector.grpc_auth import abort, require_bearer
+from collector.grpc_server import GrpcServer, GrpcServerConfig
 from collector.otel import split_by_trace_with_rejects
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES, SPANS_IN
 
@@ -45,35 +42,14 @@ __all__ = ["COMPONENT", "OtlpGrpcReceiver", "SidecarConfig", "create_sidecar", "
 COMPONENT = "otlp_grpc"
 log = logging.getLogger(__name__)
 _EXTRA = {"component": COMPONENT}
-_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
-class SidecarConfig(BaseModel):
-    """The OTLP/gRPC sidecar: where to listen, where to forward, how to authenticate."""
+class SidecarConfig(GrpcServerConfig):
+    """The OTLP/gRPC sidecar: where to listen, where to forward, how to authenticate (TLS fields: see the base)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    #: host:port to listen on (port 0 = an ephemeral port, see ``OtlpGrpcReceiver.port``).
     listen: str = "127.0.0.1:4317"
     kafka: KafkaConfig = KafkaConfig()
-    #: environment variable holding the bearer token; unset/empty variable = no token check.
     bearer_token_env: str = "TOOLWITNESS_SIDECAR_TOKEN"
-    tls_certfile: str = ""
-    tls_keyfile: str = ""
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"listen must be host:port, got {v!r}")
-        return v
-
-    @model_validator(mode="after")
-    def _tls_pair(self) -> SidecarConfig:
-        if bool(self.tls_certfile) != bool(self.tls_keyfile):
-            raise ValueError("tls_certfile and tls_keyfile must be given together")
-        return self
 
 
 def _span_count(request: ExportTraceServiceRequest) -> int:
@@ -90,118 +66,52 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return await self._receiver.handle_export(request, context)
 
 
-class OtlpGrpcReceiver:
+class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
     """grpc.aio server + idempotent Kafka producer. ``start()`` / ``shutdown()``."""
 
+    COMPONENT = COMPONENT
+    CALL = "Export"
+    NOT_STARTED = "the receiver is not started"
+    _log = log
+
     def __init__(self, config: SidecarConfig, *, bearer_token: str | None = None) -> None:
-        self.config = config
-        self._token = bearer_token.encode("utf-8") if bearer_token else None
+        super().__init__(config, bearer_token)
         self._kafka_kwargs = kafka_security_kwargs(config.kafka.security)
-        self._server: Any = None
         self._producer: Any = None
-        self._port: int | None = None
-        self._started = False
-        self._lock = asyncio.Lock()
         self.forwarded_records = 0
         self.rejected_spans = 0
-
-    @property
-    def port(self) -> int:
-        """The bound port (the ephemeral one when ``listen`` ends in ``:0``)."""
-        if self._port is None:
-            raise RuntimeError("the receiver is not started")
-        return self._port
-
-    @property
-    def endpoint(self) -> str:
-        """host:port clients connect to."""
-        host = self.config.listen.rpartition(":")[0]
-        return f"{host}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._started
-
-    @property
-    def auth_required(self) -> bool:
-        return self._token is not None
 
     @property
     def _timeout_s(self) -> float:
         return self.config.kafka.request_timeout_ms / 1000
 
-    async def start(self) -> None:
-        """Start the Kafka producer, then bind and start the gRPC server. Idempotent."""
-        async with self._lock:
-            if self._started:
-                return
-            kafka = self.config.kafka
-            try:
-                self._producer = AIOKafkaProducer(
-                    bootstrap_servers=kafka.bootstrap_servers,
-                    client_id=f"{kafka.client_id}-{COMPONENT}",
-                    enable_idempotence=True,
-                    acks="all",
-                    max_request_size=kafka.max_record_bytes,
-                    request_timeout_ms=kafka.request_timeout_ms,
-                    **self._kafka_kwargs,
-                )
-                async with asyncio.timeout(self._timeout_s):
-                    await self._producer.start()
-                self._server = grpc.aio.server(
-                    options=[
-                        ("grpc.max_receive_message_length", kafka.max_record_bytes),
-                        ("grpc.so_reuseport", 0),
-                    ]
-                )
-                trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-                    _TraceService(self), self._server
-                )
-                tls = bool(self.config.tls_certfile)
-                if tls:
-                    key = await asyncio.to_thread(Path(self.config.tls_keyfile).read_bytes)
-                    cert = await asyncio.to_thread(Path(self.config.tls_certfile).read_bytes)
-                    creds = grpc.ssl_server_credentials([(key, cert)])
-                    port = self._server.add_secure_port(self.config.listen, creds)
-                else:
-                    port = self._server.add_insecure_port(self.config.listen)
-                if not port:
-                    raise OSError(f"{COMPONENT}: cannot listen on {self.config.listen}")
-                self._port = int(port)
-                await self._server.start()
-            except BaseException:
-                await self._teardown(grace=0)
-                raise
-            self._started = True
-            host = self.config.listen.rpartition(":")[0]
-            if self._token is not None and not tls and host not in _LOOPBACK:
-                log.warning(
-                    "%s: bearer token configured without TLS on non-loopback %s: the token crosses the network "
-                    "in clear text",
-                    COMPONENT, self.config.listen, extra=_EXTRA,
-                )
-            log.info(
-                "%s: listening on %s:%d (tls=%s, auth=%s), forwarding to %s",
-                COMPONENT, host, self._port, tls, self._token is not None, kafka.topics.spans, extra=_EXTRA,
-            )
+    def _grpc_options(self) -> list[tuple[str, int]]:
+        return [("grpc.max_receive_message_length", self.config.kafka.max_record_bytes)]
 
-    async def shutdown(self, grace: float = 5.0) -> None:
-        """Stop accepting calls, let in-flight ones finish (``grace`` s), stop the producer."""
-        async with self._lock:
-            if not self._started:
-                return
-            self._started = False
-            await self._teardown(grace)
-            log.info("%s: stopped", COMPONENT, extra=_EXTRA)
+    def _add_servicer(self, server: Any) -> None:
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _TraceService(self), server
+        )
 
-    async def _teardown(self, grace: float) -> None:
-        server, self._server = self._server, None
+    def _listening_detail(self) -> str:
+        return f", forwarding to {self.config.kafka.topics.spans}"
+
+    async def _before_start(self) -> None:
+        kafka = self.config.kafka
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=kafka.bootstrap_servers,
+            client_id=f"{kafka.client_id}-{COMPONENT}",
+            enable_idempotence=True,
+            acks="all",
+            max_request_size=kafka.max_record_bytes,
+            request_timeout_ms=kafka.request_timeout_ms,
+            **self._kafka_kwargs,
+        )
+        async with asyncio.timeout(self._timeout_s):
+            await self._producer.start()
+
+    async def _after_stop(self) -> None:
         producer, self._producer = self._producer, None
-        if server is not None:
-            try:
-                await server.stop(grace)
-            except Exception as exc:
-                log.warning("%s: stopping the gRPC server failed: %r", COMPONENT, exc, extra=_EXTRA)
         if producer is not None:
             try:
                 async with asyncio.timeout(self._timeout_s):
@@ -209,13 +119,11 @@ class OtlpGrpcReceiver:
             except Exception as exc:
                 log.warning("%s: stopping the Kafka producer failed: %r", COMPONENT, exc, extra=_EXTRA)
 
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Stop accepting calls, let in-flight ones finish (``grace`` s), stop the producer."""
+        await super().shutdown(grace)
+
     # -- the call --------------------------------------------------------------------------------
-
-    async def _abort(self, context: Any, code: Any, message: str) -> NoReturn:
-        await abort(context, code, message)
-
-    async def _check_auth(self, context: Any) -> None:
-        await require_bearer(context, self._token, component=COMPONENT, call="Export")
 
     async def handle_export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
         await self._check_auth(context)
@@ -261,9 +169,7 @@ class OtlpGrpcReceiver:
 def create_sidecar(config: SidecarConfig | None = None, *, env: Mapping[str, str] | None = None) -> OtlpGrpcReceiver:
     """Factory: a receiver for ``config`` (defaults), the token read from ``config.bearer_token_env``."""
     config = config or SidecarConfig()
-    environ = os.environ if env is None else env
-    token = environ.get(config.bearer_token_env, "") if config.bearer_token_env else ""
-    return OtlpGrpcReceiver(config, bearer_token=token or None)
+    return OtlpGrpcReceiver(config, bearer_token=config.read_bearer_token(env))
 
 
 async def run_sidecar(
