@@ -11,17 +11,20 @@ import json
 import os
 import signal
 import sys
+import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from google.protobuf import json_format
+from opentelemetry.context import Context
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1 import common_pb2 as otlp_common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -37,6 +40,7 @@ from collector.config import ServiceConfig, TopicsConfig
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor
 from collector.pipeline.checkpoint import Batch, BatchResult
 from collector.pipeline.service import ToolwitnessService
+from collector.processors.trace_state import Keys
 from collector.wire.convert import decode_score_event
 from collector.wire.gen import control_pb2, score_pb2
 from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
@@ -81,6 +85,13 @@ class Agent:
             name, attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name, **attrs}
         ):
             pass
+
+    def trace(self, *tools: str) -> str:
+        """A new trace: a root span ``agent`` (fresh context) around one execution per tool; its id (hex)."""
+        with self.tracer.start_as_current_span("agent", context=Context()) as root:
+            for name in tools:
+                self.tool(name)
+        return f"{root.get_span_context().trace_id:032x}"
 
     def close(self) -> None:
         self.provider.shutdown()
@@ -374,6 +385,10 @@ class BatchLog:
         self.service.checkpoint.process = process  # type: ignore[method-assign]
         return self
 
+    def traces(self, located: Mapping[tuple[int, int], str], topic: str) -> set[str]:
+        """Trace ids of the ``located`` records of ``topic`` ((partition, offset) -> trace id) processed."""
+        return {located[(p, o)] for b in self.batches for (t, p, o) in b if t == topic and (p, o) in located}
+
     def batch_of(self, topic: str, partition: int, offset: int) -> int:
         """Index of the batch that held this record (ValueError if none did)."""
         for i, b in enumerate(self.batches):
@@ -665,3 +680,215 @@ def counter_value(name: str, labels: Mapping[str, str]) -> float:
     from collector.telemetry.metrics import REGISTRY
 
     return REGISTRY.get_sample_value(name, dict(labels)) or 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# What the fault, consumer-group and crash tests share: a stack with its client and producer
+# (dropped afterwards), isolated servers and service processes as context managers, groups of whole
+# traces with a TRUE and a FALSE expectation each, and waiting / failing on what the client saw.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """A test's own stack (``make_config``: unique topics, group and key prefix), with a control
+    client ``tw`` reading its scores topic and a raw producer writing its spans and control topics."""
+
+    cfg: ServiceConfig
+    tw: ToolwitnessClient
+    producer: AIOKafkaProducer
+
+    @property
+    def topics(self) -> TopicsConfig:
+        return self.cfg.kafka.topics
+
+    async def send(self, topic: str, items: Iterable[tuple[str, bytes]]) -> None:
+        """Produce (key, value) records (in this order, concurrently) and wait for every ack."""
+        await asyncio.gather(*[await self.producer.send(topic, value=v, key=k.encode()) for k, v in items])
+
+    async def send_group(self, group: TraceGroup, *, markers: bool = True) -> None:
+        """Register a group's expectations, then send its spans, then (unless told not to) its markers."""
+        await self.send(self.topics.control, group.expectations())
+        await self.send(self.topics.spans, group.spans())
+        if markers:
+            await self.send(self.topics.control, group.markers())
+
+    def received(self, ids: Iterable[str]) -> int:
+        """How many of these expectations the client has a score for."""
+        return sum(1 for e in ids if self.tw.events(e))
+
+    def missing(self, ids: Iterable[str]) -> list[str]:
+        """Those of these expectations the client has no score for."""
+        return [e for e in ids if not self.tw.events(e)]
+
+    async def all_scored(self, ids: Iterable[str], timeout: float) -> None:
+        """Until the client has a score for every one of these expectations (else TimeoutError)."""
+        await asyncio.gather(*[self.tw.wait_for(e, timeout=timeout) for e in ids])
+
+    def only_events(self, ids: Iterable[str]) -> dict[str, score_pb2.ScoreEvent]:
+        """Asserts that the client saw exactly one distinct score event per expectation; returns them."""
+        out: dict[str, score_pb2.ScoreEvent] = {}
+        for eid in ids:
+            events = self.tw.events(eid)
+            assert len(events) == 1, f"{eid}: {len(events)} distinct score events: {events}"
+            out[eid] = events[0]
+        return out
+
+    async def scores(self) -> list[ConsumerRecord[bytes, bytes]]:
+        """Every record on the scores topic so far, raw (read it once the services have stopped)."""
+        return await read_all(self.cfg.kafka.bootstrap_servers, self.topics.scores)
+
+
+@contextlib.asynccontextmanager
+async def open_stack(cfg: ServiceConfig, *, drop_errors_ok: bool = False) -> AsyncIterator[Stack]:
+    """The client and producer of ``cfg``'s stack; on the way out its topics and Redis keys are
+    dropped (``drop_errors_ok`` where the broker or Redis is an isolated one, removed whole anyway)."""
+    try:
+        async with control_client(cfg) as tw, raw_producer(cfg) as producer:
+            yield Stack(cfg, tw, producer)
+    finally:
+        if drop_errors_ok:
+            with contextlib.suppress(Exception):
+                await drop_stack(cfg)
+        else:
+            await drop_stack(cfg)
+
+
+@contextlib.asynccontextmanager
+async def isolated(state_dir: Path, only: str) -> AsyncIterator[IsolatedServices]:
+    """``IsolatedServices`` with ``only`` (redis or kafka) up; all of it stopped on the way out."""
+    iso = IsolatedServices(state_dir)
+    try:
+        await iso.up(only)
+        yield iso
+    finally:
+        await iso.down()
+
+
+@contextlib.asynccontextmanager
+async def service_process(cfg: ServiceConfig, tmp_path: Path) -> AsyncIterator[ServiceProcess]:
+    """``toolwitness run`` on ``cfg`` (written to tmp_path), NOT started yet; stopped on the way out."""
+    proc = ServiceProcess(write_config(cfg, tmp_path / "toolwitness.yaml"), tmp_path / "service.log")
+    try:
+        yield proc
+    finally:
+        await proc.stop()
+
+
+@contextlib.contextmanager
+def fail_on_timeout(message: Callable[[], str]) -> Iterator[None]:
+    """A TimeoutError inside fails the test with ``message()`` (built when it fails: what is missing,
+    a service log tail)."""
+    try:
+        yield
+    except TimeoutError:
+        pytest.fail(message())
+
+
+def ended(task: asyncio.Task[None]) -> str:
+    """How a service's poll loop ended (its traceback), for a failure message."""
+    exc = task.exception() if not task.cancelled() else None
+    return "".join(traceback.format_exception(exc)) if exc is not None else "cancelled or returned"
+
+
+def service_count(counter: Any) -> float:
+    """The service's sample of a ``component``-labelled counter (e.g. EXPORT_FAILURES)."""
+    return float(counter.labels("service")._value.get())
+
+
+async def until_registered(cfg: ServiceConfig, ids: Sequence[str], tenant: str = "default",
+                           timeout: float = 30.0) -> None:
+    """Until every one of these expectations is stored in Redis (the service consumed its record)."""
+    keys = [Keys(cfg.redis.key_prefix).expectation(tenant, e) for e in ids]
+    redis: Redis = Redis.from_url(cfg.redis.url)
+    try:
+
+        async def all_there() -> bool:
+            return int(await redis.exists(*keys)) == len(keys)
+
+        await until(all_there, timeout=timeout)
+    finally:
+        await redis.aclose()
+
+
+@dataclass
+class TraceGroup:
+    """Whole traces (``whole_trace``, one record each, calling ``search``), each meant to get a TRUE
+    expectation ``<name>-true-<i>`` and a FALSE one ``<name>-false-<i>`` (``delete_db``, never called)."""
+
+    name: str
+    traces: list[tuple[str, bytes, int]]  # (trace id, OTLP record, span count)
+
+    @classmethod
+    def build(cls, name: str, n: int, t0_ms: int, *, step_ms: int = 1000, arguments: str | None = None) -> TraceGroup:
+        traces = []
+        for i in range(n):
+            trace_id = new_trace_id()
+            req, count = whole_trace(trace_id, t0_ms + step_ms * i, ("search",), arguments=arguments)
+            traces.append((trace_id, req.SerializeToString(), count))
+        return cls(name, traces)
+
+    def verdicts(self) -> dict[str, str]:
+        """Expectation id -> the verdict it must get."""
+        return {f"{self.name}-{kind}-{i}": kind for i in range(len(self.traces)) for kind in ("true", "false")}
+
+    def ids(self, kind: str = "") -> list[str]:
+        """The expectation ids, or only those of one kind (``true`` / ``false``)."""
+        return [e for e in self.verdicts() if e.startswith(f"{self.name}-{kind}")]
+
+    def expectations(
+        self, true_expectation: Callable[[int], ScoringExpectation] = lambda i: expects("search"),
+        deadline: timedelta = timedelta(seconds=120),
+    ) -> list[tuple[str, bytes]]:
+        """Control records registering the TRUE and FALSE expectation of every trace, keyed by id."""
+        out = []
+        for i, (trace_id, _, _) in enumerate(self.traces):
+            for kind, exp in (("true", true_expectation(i)), ("false", expects("delete_db"))):
+                eid = f"{self.name}-{kind}-{i}"
+                out.append((eid, expectation_bytes(eid, [trace_id], exp, deadline=deadline)))
+        return out
+
+    def spans(self) -> list[tuple[str, bytes]]:
+        """The span records, keyed by trace id."""
+        return [(t, v) for t, v, _ in self.traces]
+
+    def markers(self) -> list[tuple[str, bytes]]:
+        """Completion markers (with span counts), keyed by trace id."""
+        return [(t, marker_bytes(t, n)) for t, _, n in self.traces]
+
+
+# Consumer-group tests: one trace's spans spread over partitions, so that they are consumed by
+# different members of the group and meet only in Redis.
+
+SpanRecord = tuple[int, bytes, bytes]  # (partition, key, value)
+
+
+def split_records(trace_id: str, spans: Sequence[trace_pb2.Span], first: int, partitions: int) -> list[SpanRecord]:
+    """One record per span, with its own key ``<trace id>:<j>``, span j on partition (first + j) % partitions."""
+    return [((first + j) % partitions, f"{trace_id}:{j}".encode(), otlp_request([span]).SerializeToString())
+            for j, span in enumerate(spans)]
+
+
+async def send_located(
+    producer: AIOKafkaProducer, topic: str, records: Sequence[tuple[str, SpanRecord]]
+) -> dict[tuple[int, int], str]:
+    """Produce (trace id, record) pairs concurrently to their partitions; (partition, offset) -> trace id."""
+    futures = [await producer.send(topic, value=v, key=k, partition=p) for _, (p, k, v) in records]
+    acks = await asyncio.gather(*futures)
+    return {(md.partition, md.offset): trace_id for (trace_id, _), md in zip(records, acks, strict=True)}
+
+
+def span_partitions(service: ToolwitnessService) -> set[int]:
+    """The partitions of the spans topic the service's consumer holds now."""
+    consumer = service.consumer
+    spans = service.cfg.kafka.topics.spans
+    return set() if consumer is None else {tp.partition for tp in consumer.assignment() if tp.topic == spans}
+
+
+async def until_split(a: ToolwitnessService, b: ToolwitnessService, partitions: int,
+                      timeout: float = 30.0) -> tuple[list[int], list[int]]:
+    """Until a and b both hold spans partitions, disjoint, together all of them; returns both shares."""
+    every = set(range(partitions))
+    await until(lambda: (pa := span_partitions(a)) and (pb := span_partitions(b)) and not pa & pb
+                and pa | pb == every, timeout=timeout)
+    return sorted(span_partitions(a)), sorted(span_partitions(b))

@@ -20,9 +20,7 @@ re-sent events, commits refused after the rebalance the restart forces.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,20 +28,20 @@ import pytest
 
 from collector.telemetry.metrics import COMMIT_FAILURES, EXPORT_FAILURES
 from tests.integration.harness import (
-    IsolatedServices,
+    TraceGroup,
     assert_exactly_once,
-    control_client,
-    drop_stack,
+    ended,
     expectation_bytes,
     expects,
+    fail_on_timeout,
+    isolated,
     make_config,
-    marker_bytes,
     new_trace_id,
-    raw_producer,
-    read_all,
+    open_stack,
     service_and_task,
+    service_count,
     until,
-    whole_trace,
+    until_registered,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -51,111 +49,62 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PER_GROUP = 8
 
 
-def _count(counter: object) -> float:
-    return counter.labels("service")._value.get()  # type: ignore[attr-defined,no-any-return]
-
-
 async def test_broker_restart_mid_run(redis_url: str, tmp_path: Path) -> None:
     started = time.monotonic()
-    iso = IsolatedServices(tmp_path / "services")
-    await iso.up("kafka")
-    broker_up = time.monotonic() - started
-    cfg = make_config(iso.kafka_bootstrap, redis_url, kafka={"request_timeout_ms": 15000})
-    t0 = int(time.time() * 1000) - 60_000
-    expected: dict[str, str] = {}
-    groups: dict[str, list[tuple[str, bytes, int]]] = {}
-    for g in ("before", "open", "after"):
-        groups[g] = []
-        for i in range(PER_GROUP):
-            trace_id = new_trace_id()
-            req, n = whole_trace(trace_id, t0 + 1000 * i, ("search",))
-            groups[g].append((trace_id, req.SerializeToString(), n))
-            expected[f"{g}-true-{i}"] = "true"
-            expected[f"{g}-false-{i}"] = "false"
+    async with isolated(tmp_path / "services", "kafka") as iso:
+        broker_up = time.monotonic() - started
+        cfg = make_config(iso.kafka_bootstrap, redis_url, kafka={"request_timeout_ms": 15000})
+        t0 = int(time.time() * 1000) - 60_000
+        before, open_, after = (TraceGroup.build(g, PER_GROUP, t0) for g in ("before", "open", "after"))
+        expected = {**before.verdicts(), **open_.verdicts(), **after.verdicts()}
+        async with open_stack(cfg, drop_errors_ok=True) as s:
+            async with service_and_task(cfg) as (_svc, task):
+                await s.send_group(before)
+                await s.all_scored(before.ids(), timeout=30)
+                # Open at the restart: registered, spans applied, TRUE decided, FALSE waiting for its marker.
+                await s.send_group(open_, markers=False)
+                await s.all_scored(open_.ids("true"), timeout=30)
+                # Due while the broker is away: the sweeper must finalize them (UNDETERMINED) and publish
+                # them when it can, once each.
+                due = []
+                for i in range(4):
+                    eid = f"due-undetermined-{i}"
+                    due.append((eid, expectation_bytes(eid, [new_trace_id()], expects("search"),
+                                                       deadline=timedelta(seconds=4))))
+                    expected[eid] = "undetermined"
+                await s.send(s.topics.control, due)
+                await until_registered(cfg, [eid for eid, _ in due])
+                commits0, exports0 = service_count(COMMIT_FAILURES), service_count(EXPORT_FAILURES)
 
-    def control_of(g: str) -> list[tuple[str, bytes]]:
-        out = []
-        for i, (trace_id, _, _) in enumerate(groups[g]):
-            for kind, tool in (("true", "search"), ("false", "delete_db")):
-                eid = f"{g}-{kind}-{i}"
-                out.append((eid, expectation_bytes(eid, [trace_id], expects(tool), deadline=timedelta(seconds=120))))
-        return out
+                down_at = time.monotonic()
+                await iso.down("kafka")
+                stopped = time.monotonic() - down_at
+                await iso.up("kafka", keep_data=True)
+                ready_at = time.monotonic()
+                assert not task.done(), f"the poll loop ended while the broker was away:\n{ended(task)}"
 
-    def markers(g: str) -> list[tuple[str, bytes]]:
-        return [(t, marker_bytes(t, n)) for t, _, n in groups[g]]
-
-    try:
-        async with control_client(cfg) as tw, raw_producer(cfg) as producer, service_and_task(cfg) as (_svc, task):
-            topics = cfg.kafka.topics
-
-            async def send(topic: str, items: list[tuple[str, bytes]]) -> None:
-                await asyncio.gather(*[await producer.send(topic, value=v, key=k.encode()) for k, v in items])
-
-            await send(topics.control, control_of("before"))
-            await send(topics.spans, [(t, v) for t, v, _ in groups["before"]])
-            await send(topics.control, markers("before"))
-            await asyncio.gather(*[tw.wait_for(e, timeout=30) for e in expected if e.startswith("before")])
-            # Open at the restart: registered, spans applied, TRUE decided, FALSE waiting for its marker.
-            await send(topics.control, control_of("open"))
-            await send(topics.spans, [(t, v) for t, v, _ in groups["open"]])
-            await asyncio.gather(*[tw.wait_for(e, timeout=30) for e in expected if e.startswith("open-true")])
-            # Due while the broker is away: the sweeper must finalize them (UNDETERMINED) and publish
-            # them when it can, once each.
-            due = []
-            for i in range(4):
-                eid = f"due-undetermined-{i}"
-                due.append((eid, expectation_bytes(eid, [new_trace_id()], expects("search"),
-                                                   deadline=timedelta(seconds=4))))
-                expected[eid] = "undetermined"
-            await send(topics.control, due)
-            await until(lambda: _svc.redis.exists(_svc.store.k.expectation("default", due[-1][0])))
-            commits0, exports0 = _count(COMMIT_FAILURES), _count(EXPORT_FAILURES)
-
-            down_at = time.monotonic()
-            await iso.down("kafka")
-            stopped = time.monotonic() - down_at
-            await iso.up("kafka", keep_data=True)
-            ready_at = time.monotonic()
-            assert not task.done(), f"the poll loop ended while the broker was away:\n{ended(task)}"
-
-            # The same producer and client, after the restart: markers of the open traces, a new group.
-            scored = sum(1 for e in expected if tw.events(e))
-            async with asyncio.timeout(60):
-                await send(topics.control, markers("open"))
-                await send(topics.control, control_of("after"))
-                await send(topics.spans, [(t, v) for t, v, _ in groups["after"]])
-                await send(topics.control, markers("after"))
-            try:
-                await until(lambda: sum(1 for e in expected if tw.events(e)) > scored or task.done(), timeout=60)
-                first_after = time.monotonic() - ready_at
-                await asyncio.gather(*[tw.wait_for(e, timeout=60) for e in expected])
-            except TimeoutError:
-                missing = [e for e in expected if not tw.events(e)]
-                pytest.fail(f"not scored after the broker restart: {missing}; loop done={task.done()}")
-            all_after = time.monotonic() - ready_at
-            assert not task.done(), f"the poll loop ended:\n{ended(task)}"
-            for eid in expected:
-                assert len(tw.events(eid)) == 1, (eid, tw.events(eid))
-            refused = int(_count(COMMIT_FAILURES) - commits0)
-            export_failures = int(_count(EXPORT_FAILURES) - exports0)
-            client_duplicates = tw.duplicates
-        resent = assert_exactly_once(await read_all(cfg.kafka.bootstrap_servers, cfg.kafka.topics.scores), expected)
-        print(
-            f"\n[kafka restart] {len(expected)} expectations ({PER_GROUP} FALSE open at the restart, {len(due)} due "
-            f"while the broker was away); broker first up "
-            f"in {broker_up:.1f}s; stopped in {stopped:.1f}s, away {ready_at - down_at:.1f}s; first new score "
-            f"{first_after:.1f}s and all {all_after:.1f}s after it was ready; commits refused={refused}, failed "
-            f"batches retried={export_failures}; re-sent identical={resent} (client duplicates={client_duplicates}); "
-            f"{time.monotonic() - started:.1f}s"
-        )
-    finally:
-        try:
-            with contextlib.suppress(Exception):  # the broker is dropped whole below
-                await drop_stack(cfg)
-        finally:
-            await iso.down()
-
-
-def ended(task: asyncio.Task[None]) -> str:
-    exc = task.exception() if not task.cancelled() else None
-    return "".join(traceback.format_exception(exc)) if exc is not None else "cancelled or returned"
+                # The same producer and client, after the restart: markers of the open traces, a new group.
+                scored = s.received(expected)
+                async with asyncio.timeout(60):
+                    await s.send(s.topics.control, open_.markers())
+                    await s.send_group(after)
+                with fail_on_timeout(lambda: f"not scored after the broker restart: {s.missing(expected)}; "
+                                             f"loop done={task.done()}"):
+                    await until(lambda: s.received(expected) > scored or task.done(), timeout=60)
+                    first_after = time.monotonic() - ready_at
+                    await s.all_scored(expected, timeout=60)
+                all_after = time.monotonic() - ready_at
+                assert not task.done(), f"the poll loop ended:\n{ended(task)}"
+                s.only_events(expected)
+                refused = int(service_count(COMMIT_FAILURES) - commits0)
+                export_failures = int(service_count(EXPORT_FAILURES) - exports0)
+                client_duplicates = s.tw.duplicates
+            resent = assert_exactly_once(await s.scores(), expected)
+            print(
+                f"\n[kafka restart] {len(expected)} expectations ({PER_GROUP} FALSE open at the restart, "
+                f"{len(due)} due while the broker was away); broker first up in {broker_up:.1f}s; stopped in "
+                f"{stopped:.1f}s, away {ready_at - down_at:.1f}s; first new score {first_after:.1f}s and all "
+                f"{all_after:.1f}s after it was ready; commits refused={refused}, failed batches retried="
+                f"{export_failures}; re-sent identical={resent} (client duplicates={client_duplicates}); "
+                f"{time.monotonic() - started:.1f}s"
+            )

@@ -21,31 +21,27 @@ Reported: scores seen at each kill, time from each restart to its first score, r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from scoring.models import ArgumentMatcher, ScoringExpectation, ToolCallRequirement, ToolsCalled
 from tests.integration.harness import (
-    ServiceProcess,
+    TraceGroup,
     assert_exactly_once,
-    control_client,
-    drop_stack,
     expectation_bytes,
     expects,
+    fail_on_timeout,
     make_config,
-    marker_bytes,
     new_trace_id,
-    raw_producer,
-    read_all,
+    open_stack,
+    service_process,
     until,
-    whole_trace,
-    write_config,
+    until_registered,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -58,128 +54,91 @@ def regex_expectation() -> ScoringExpectation:
     return ScoringExpectation(conditions=(ToolsCalled(tools=(req,)),))
 
 
+def true_expectation(i: int) -> ScoringExpectation:
+    """A third of the TRUE expectations carry a regex argument matcher."""
+    return regex_expectation() if i % 3 == 0 else expects("search")
+
+
 async def test_three_kills_during_one_run(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> None:
     started = time.monotonic()
     # A dead member keeps its partitions for session_timeout_ms: the shortest allowed, so each
     # restart takes over quickly.
     cfg = make_config(kafka_bootstrap, redis_url, kafka={"session_timeout_ms": 6000}, log_level="INFO")
-    proc = ServiceProcess(write_config(cfg, tmp_path / "toolwitness.yaml"), tmp_path / "service.log")
     t0 = int(time.time() * 1000) - 60_000
     args = json.dumps({"q": "weather in Lyon"})
-    groups: dict[str, list[tuple[str, bytes, int]]] = {}
-    for n, g in enumerate(("g1", "g2", "g3")):
-        groups[g] = []
-        for i in range(PER_GROUP):
-            trace_id = new_trace_id()
-            req, count = whole_trace(trace_id, t0 + 10_000 * n + 100 * i, ("search",), arguments=args)
-            groups[g].append((trace_id, req.SerializeToString(), count))
-    expected: dict[str, str] = {}
+    g1, g2, g3 = (TraceGroup.build(g, PER_GROUP, t0 + 10_000 * n, step_ms=100, arguments=args)
+                  for n, g in enumerate(("g1", "g2", "g3")))
+    expected: dict[str, str] = {}  # what is registered so far
 
-    def expectations(g: str, deadline_s: float = 120) -> list[tuple[str, bytes]]:
-        out = []
-        for i, (trace_id, _, _) in enumerate(groups[g]):
-            true_exp = regex_expectation() if i % 3 == 0 else expects("search")
-            for kind, exp in (("true", true_exp), ("false", expects("delete_db"))):
-                eid = f"{g}-{kind}-{i}"
-                expected[eid] = kind
-                out.append((eid, expectation_bytes(eid, [trace_id], exp, deadline=timedelta(seconds=deadline_s))))
-        return out
-
-    def markers(g: str) -> list[tuple[str, bytes]]:
-        return [(t, marker_bytes(t, n)) for t, _, n in groups[g]]
-
-    def spans(g: str) -> list[tuple[str, bytes]]:
-        return [(t, v) for t, v, _ in groups[g]]
+    def register(*groups: TraceGroup) -> list[tuple[str, bytes]]:
+        for g in groups:
+            expected.update(g.verdicts())
+        return [record for g in groups for record in g.expectations(true_expectation)]
 
     report: list[str] = []
-    try:
-        async with control_client(cfg) as tw, raw_producer(cfg) as producer:
-            topics = cfg.kafka.topics
+    async with open_stack(cfg) as s, service_process(cfg, tmp_path) as proc:
+        topics = s.topics
 
-            async def send(topic: str, items: list[tuple[str, bytes]]) -> None:
-                await asyncio.gather(*[await producer.send(topic, value=v, key=k.encode()) for k, v in items])
+        def received() -> int:
+            return s.received(expected)
 
-            def received() -> int:
-                return sum(1 for e in expected if tw.events(e))
+        def missing(when: str) -> Callable[[], str]:
+            return lambda: f"missing {when}: {s.missing(expected)}; service log:\n{proc.log_tail()}"
 
-            async def restart(label: str) -> None:
-                before = received()
-                at = time.monotonic()
-                await proc.start()
-                try:
-                    await until(lambda: received() > before, timeout=60, interval=0.005)
-                except TimeoutError:
-                    pytest.fail(f"{label}: no score after the restart; service log:\n{proc.log_tail()}")
-                report.append(f"{label}: first score {time.monotonic() - at:.1f}s after the restart")
-
-            async def kill(label: str) -> None:
-                rc = await proc.kill()
-                assert rc == -9, rc
-                report.append(f"{label} with {received()} of {len(expected)} registered expectations scored")
-
-            # g1 complete and g2 registered with half of its spans (open), all before the first kill.
-            await send(topics.control, expectations("g1") + expectations("g2"))
-            await send(topics.spans, spans("g1"))
-            await send(topics.control, markers("g1"))
+        async def restart(label: str) -> None:
+            before = received()
+            at = time.monotonic()
             await proc.start()
-            try:
-                await until(lambda: received() >= 3, timeout=60, interval=0.005)
-            except TimeoutError:
-                pytest.fail(f"no score before the first kill; service log:\n{proc.log_tail()}")
-            await kill("kill 1 (mid-stream)")
-            assert received() < len(expected)
+            with fail_on_timeout(lambda: f"{label}: no score after the restart; service log:\n{proc.log_tail()}"):
+                await until(lambda: received() > before, timeout=60, interval=0.005)
+            report.append(f"{label}: first score {time.monotonic() - at:.1f}s after the restart")
 
-            # While down: g2's spans and markers, g3 registered with its spans (no markers yet).
-            await send(topics.spans, spans("g2"))
-            await send(topics.control, markers("g2") + expectations("g3"))
-            await send(topics.spans, spans("g3"))
-            await restart("restart 1")
-            await kill("kill 2 (mid-replay)")
+        async def kill(label: str) -> None:
+            rc = await proc.kill()
+            assert rc == -9, rc
+            report.append(f"{label} with {received()} of {len(expected)} registered expectations scored")
 
-            # While down: g3's markers. Then everything but the deadline expectations gets decided.
-            await send(topics.control, markers("g3"))
-            await restart("restart 2")
-            try:
-                await asyncio.gather(*[tw.wait_for(e, timeout=60) for e in list(expected)])
-            except TimeoutError:
-                missing = [e for e in expected if not tw.events(e)]
-                pytest.fail(f"missing before kill 3: {missing}; service log:\n{proc.log_tail()}")
-            # Deadline expectations (no spans, no marker): registered, then the process dies holding them.
-            dues = [(f"due-{i}", expectation_bytes(f"due-{i}", [new_trace_id()], expects("search"),
-                                                   deadline=timedelta(seconds=3))) for i in range(4)]
-            for eid, _ in dues:
-                expected[eid] = "undetermined"
-            registered = [f"{cfg.redis.key_prefix}:{{default:e:{eid}}}:def" for eid, _ in dues]
-            await send(topics.control, dues)
-            redis: Redis = Redis.from_url(redis_url)
-            try:
+        # g1 complete and g2 registered with half of its spans (open), all before the first kill.
+        await s.send(topics.control, register(g1, g2))
+        await s.send(topics.spans, g1.spans())
+        await s.send(topics.control, g1.markers())
+        await proc.start()
+        with fail_on_timeout(lambda: f"no score before the first kill; service log:\n{proc.log_tail()}"):
+            await until(lambda: received() >= 3, timeout=60, interval=0.005)
+        await kill("kill 1 (mid-stream)")
+        assert received() < len(expected)
 
-                async def all_registered() -> bool:
-                    return int(await redis.exists(*registered)) == len(registered)
+        # While down: g2's spans and markers, g3 registered with its spans (no markers yet).
+        await s.send(topics.spans, g2.spans())
+        await s.send(topics.control, g2.markers() + register(g3))
+        await s.send(topics.spans, g3.spans())
+        await restart("restart 1")
+        await kill("kill 2 (mid-replay)")
 
-                await until(all_registered, timeout=30)
-            finally:
-                await redis.aclose()
-            await kill("kill 3 (only deadlines pending)")
-            await restart("restart 3")
-            try:
-                await asyncio.gather(*[tw.wait_for(e, timeout=60) for e in expected])
-            except TimeoutError:
-                missing = [e for e in expected if not tw.events(e)]
-                pytest.fail(f"missing after restart 3: {missing}; service log:\n{proc.log_tail()}")
-            for eid, want in expected.items():
-                events = tw.events(eid)
-                assert len(events) == 1, f"{eid}: {len(events)} distinct score events"
-                if want == "undetermined":
-                    assert events[0].trigger == "deadline", events[0]
-            client_duplicates = tw.duplicates
-            assert await proc.stop() == 0, proc.log_tail()
-        resent = assert_exactly_once(await read_all(kafka_bootstrap, cfg.kafka.topics.scores), expected)
+        # While down: g3's markers. Then everything but the deadline expectations gets decided.
+        await s.send(topics.control, g3.markers())
+        await restart("restart 2")
+        with fail_on_timeout(missing("before kill 3")):
+            await s.all_scored(list(expected), timeout=60)
+        # Deadline expectations (no spans, no marker): registered, then the process dies holding them.
+        dues = [(f"due-{i}", expectation_bytes(f"due-{i}", [new_trace_id()], expects("search"),
+                                               deadline=timedelta(seconds=3))) for i in range(4)]
+        for eid, _ in dues:
+            expected[eid] = "undetermined"
+        await s.send(topics.control, dues)
+        await until_registered(cfg, [eid for eid, _ in dues])
+        await kill("kill 3 (only deadlines pending)")
+        await restart("restart 3")
+        with fail_on_timeout(missing("after restart 3")):
+            await s.all_scored(expected, timeout=60)
+        for eid, ev in s.only_events(expected).items():
+            if expected[eid] == "undetermined":
+                assert ev.trigger == "deadline", ev
+        client_duplicates = s.tw.duplicates
+        assert await proc.stop() == 0, proc.log_tail()
+        resent = assert_exactly_once(await s.scores(), expected)
         assert resent == client_duplicates
         print(
             f"\n[kill x3] {len(expected)} expectations, {proc.starts} starts; " + "; ".join(report)
             + f"; re-sent identical events={resent}; {time.monotonic() - started:.1f}s"
         )
-    finally:
-        await proc.stop()
-        await drop_stack(cfg)

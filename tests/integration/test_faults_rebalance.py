@@ -33,21 +33,23 @@ from collector.pipeline.service import ToolwitnessService
 from scoring.models import ArgumentMatcher, ScoringExpectation, ToolCallRequirement, ToolsCalled
 from tests.integration.harness import (
     BatchLog,
+    SpanRecord,
     assert_exactly_once,
-    control_client,
-    drop_stack,
     expectation_bytes,
     expects,
+    fail_on_timeout,
     make_config,
     marker_bytes,
     new_span_id,
     new_trace_id,
-    otlp_request,
+    open_stack,
     otlp_span,
-    raw_producer,
-    read_all,
     running_service,
+    send_located,
+    span_partitions,
+    split_records,
     until,
+    until_split,
 )
 
 pytestmark = pytest.mark.integration
@@ -60,7 +62,7 @@ TRACES = 12
 class Trace:
     index: int
     trace_id: str = field(default_factory=new_trace_id)
-    records: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # (partition, key, value), in order
+    records: list[SpanRecord] = field(default_factory=list)  # in order
 
 
 def build(index: int, t0_ms: int) -> Trace:
@@ -76,21 +78,13 @@ def build(index: int, t0_ms: int) -> Trace:
         otlp_span(tr.trace_id, parent=root, name="execute_tool fetch", tool="fetch", start_ms=t0_ms + 200,
                   end_ms=t0_ms + 250),
     ]
-    for j, span in enumerate(spans):
-        tr.records.append(((index + j) % PARTITIONS, f"{tr.trace_id}:{j}".encode(),
-                           otlp_request([span]).SerializeToString()))
+    tr.records = split_records(tr.trace_id, spans, index, PARTITIONS)
     return tr
 
 
 def regex_expectation() -> ScoringExpectation:
     req = ToolCallRequirement(name="search", arguments=(ArgumentMatcher(path="$.q", regex="^weather in city"),))
     return ScoringExpectation(conditions=(ToolsCalled(tools=(req, ToolCallRequirement(name="fetch"))),))
-
-
-def assigned(service: ToolwitnessService) -> set[int]:
-    c = service.consumer
-    spans = service.cfg.kafka.topics.spans
-    return set() if c is None else {tp.partition for tp in c.assignment() if tp.topic == spans}
 
 
 async def span_count(service: ToolwitnessService, trace_id: str) -> int:
@@ -119,14 +113,12 @@ async def test_rebalances_with_open_traces(kafka_bootstrap: str, redis_url: str)
     topics = cfg.kafka.topics
     loaded_by_b: list[str] = []
     located: dict[tuple[int, int], str] = {}  # (partition, offset) of each span record -> trace id
-    try:
-        async with control_client(cfg) as tw, raw_producer(cfg) as producer, contextlib.AsyncExitStack() as stack:
+    async with open_stack(cfg) as s:
+        async with contextlib.AsyncExitStack() as stack:
 
             async def send_spans(j: int) -> None:
-                futs = [await producer.send(topics.spans, value=tr.records[j][2], key=tr.records[j][1],
-                                            partition=tr.records[j][0]) for tr in traces]
-                for tr, md in zip(traces, await asyncio.gather(*futs), strict=True):
-                    located[(md.partition, md.offset)] = tr.trace_id
+                located.update(await send_located(s.producer, topics.spans, [(tr.trace_id, tr.records[j])
+                                                                             for tr in traces]))
 
             async def counts_at_least(service: ToolwitnessService, n: int) -> bool:
                 return all([await span_count(service, tr.trace_id) >= n for tr in traces])
@@ -135,15 +127,15 @@ async def test_rebalances_with_open_traces(kafka_bootstrap: str, redis_url: str)
             stack.push_async_exit(a_stack)
             a = await a_stack.enter_async_context(running_service(cfg_a))
             log_a = BatchLog(a).install()
-            await until(lambda: assigned(a) == set(range(PARTITIONS)), timeout=30)
+            await until(lambda: span_partitions(a) == set(range(PARTITIONS)), timeout=30)
             # 1. a alone: every expectation registered, two spans of every trace.
-            await asyncio.gather(*[await producer.send(topics.control, value=v, key=k.encode()) for k, v in control])
+            await s.send(topics.control, control)
             await send_spans(0)
             await send_spans(1)
             await until(lambda: counts_at_least(a, 2), timeout=30)
             async with a.batch_lock:
                 pass
-            assert not any(tw.events(e) for e in expected), "nothing is decidable before the last span"
+            assert not any(s.tw.events(e) for e in expected), "nothing is decidable before the last span"
 
             # 2. b joins.
             b = await stack.enter_async_context(running_service(cfg_b))
@@ -157,40 +149,32 @@ async def test_rebalances_with_open_traces(kafka_bootstrap: str, redis_url: str)
 
             b.store.load_expectations = counting_load  # type: ignore[method-assign]
             joined_at = time.monotonic()
-            await until(lambda: (pa := assigned(a)) and (pb := assigned(b)) and not pa & pb
-                        and pa | pb == set(range(PARTITIONS)), timeout=30)
+            split = await until_split(a, b, PARTITIONS)
             join_s = time.monotonic() - joined_at
-            split = (sorted(assigned(a)), sorted(assigned(b)))
             await send_spans(2)
             await until(lambda: counts_at_least(b, 3), timeout=30)
-            assert not any(tw.events(e) for e in expected), "nothing is decidable before the last span"
+            assert not any(s.tw.events(e) for e in expected), "nothing is decidable before the last span"
 
             # 3. a leaves while the last spans and the late markers are in flight.
             late = [(tr.trace_id, marker_bytes(tr.trace_id, len(tr.records))) for tr in traces if tr.index % 2]
 
             async def finish() -> None:
                 await send_spans(3)
-                await asyncio.gather(*[await producer.send(topics.control, value=v, key=k.encode()) for k, v in late])
+                await s.send(topics.control, late)
 
             sending = asyncio.create_task(finish())
             left_at = time.monotonic()
             await a_stack.aclose()  # a: finish the in-flight batch, commit, leave the group
-            await until(lambda: assigned(b) == set(range(PARTITIONS)), timeout=30)
+            await until(lambda: span_partitions(b) == set(range(PARTITIONS)), timeout=30)
             leave_s = time.monotonic() - left_at
             await sending
-            try:
-                await asyncio.gather(*[tw.wait_for(e, timeout=45) for e in expected])
-            except TimeoutError:
-                pytest.fail(f"not scored after the rebalances: {[e for e in expected if not tw.events(e)]}")
-            for eid in expected:
-                assert len(tw.events(eid)) == 1, (eid, tw.events(eid))
-            client_duplicates = tw.duplicates
-        resent = assert_exactly_once(await read_all(kafka_bootstrap, topics.scores), expected)
+            with fail_on_timeout(lambda: f"not scored after the rebalances: {s.missing(expected)}"):
+                await s.all_scored(expected, timeout=45)
+            s.only_events(expected)
+            client_duplicates = s.tw.duplicates
+        resent = assert_exactly_once(await s.scores(), expected)
 
-        def traces_of(log: BatchLog) -> set[str]:
-            return {located[(p, o)] for batch in log.batches for (t, p, o) in batch if t == topics.spans}
-
-        shared = traces_of(log_a) & traces_of(log_b)
+        shared = log_a.traces(located, topics.spans) & log_b.traces(located, topics.spans)
         assert shared, "no trace had spans applied by both instances"
         assert loaded_by_b, "b decided expectations it only read from Redis"
         print(
@@ -200,5 +184,3 @@ async def test_rebalances_with_open_traces(kafka_bootstrap: str, redis_url: str)
             f"batches a={len(log_a.batches)} b={len(log_b.batches)}; "
             f"re-sent identical={resent} (client duplicates={client_duplicates}); {time.monotonic() - started:.1f}s"
         )
-    finally:
-        await drop_stack(cfg)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from opentelemetry.context import Context
 
 from scoring.models import TraceScorable
 from tests.integration.harness import control_client, expects, make_agent, make_config, running_service, until, verdict
@@ -19,12 +18,8 @@ async def test_data_loss_never_turns_into_false(kafka_bootstrap: str, redis_url:
     agent = make_agent(cfg)
     prefix = cfg.redis.key_prefix
     async with running_service(cfg) as service, control_client(cfg) as tw:
-        with agent.tracer.start_as_current_span("agent", context=Context()) as a:
-            agent.tool("x_tool")
-            trace_a = f"{a.get_span_context().trace_id:032x}"
-        with agent.tracer.start_as_current_span("agent", context=Context()) as b:
-            agent.tool("other_tool")
-            trace_b = f"{b.get_span_context().trace_id:032x}"
+        trace_a = agent.trace("x_tool")
+        trace_b = agent.trace("other_tool")
         decided = await tw.expect(TraceScorable(trace_ids=(trace_a,)), expects("x_tool"))
         assert verdict(await tw.wait_for(decided, timeout=30)) == "true"
         pending = await tw.expect(TraceScorable(trace_ids=(trace_b,)), expects("y_tool"), deadline=timedelta(seconds=8))
@@ -43,9 +38,7 @@ async def test_data_loss_never_turns_into_false(kafka_bootstrap: str, redis_url:
         # The score published before the loss is neither re-decided nor contradicted.
         assert [e.score_id for e in tw.events(decided)] == [tw.events(decided)[0].score_id]
         # New work after the loss is scored normally, FALSE included.
-        with agent.tracer.start_as_current_span("agent", context=Context()) as c:
-            agent.tool("x_tool")
-            trace_c = f"{c.get_span_context().trace_id:032x}"
+        trace_c = agent.trace("x_tool")
         fresh = await tw.expect(TraceScorable(trace_ids=(trace_c,)), expects("y_tool"))
         await tw.mark_complete(trace_c, span_count=agent.counter.count(trace_c))
         assert verdict(await tw.wait_for(fresh, timeout=30)) == "false"

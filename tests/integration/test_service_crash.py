@@ -26,28 +26,22 @@ from redis.asyncio import Redis
 from collector.config import ServiceConfig
 from collector.pipeline.service import ToolwitnessService
 from collector.processors.trace_state import Keys, TraceState
-from collector.wire.convert import decode_score_event
 from scoring.models import TraceScorable
 from tests.integration.harness import (
-    ServiceProcess,
-    control_client,
-    drop_stack,
+    assert_exactly_once,
     expectation_bytes,
     expects,
+    fail_on_timeout,
     make_config,
     marker_bytes,
-    new_span_id,
     new_trace_id,
-    otlp_request,
-    otlp_span,
-    raw_producer,
-    read_all,
+    open_stack,
     running_service,
-    scores_by_id,
     service_and_task,
+    service_process,
     until,
     verdict,
-    write_config,
+    whole_trace,
 )
 
 pytestmark = pytest.mark.integration
@@ -56,32 +50,10 @@ PER_KIND = 10  # TRUE, FALSE-after-marker and UNDETERMINED-at-deadline expectati
 KILL_AFTER = 8  # scores seen before the kill
 
 
-def trace_record(trace_id: str, t0_ms: int, tool: str = "search") -> tuple[bytes, int]:
-    """One OTLP record holding a whole trace: root, a chat span and a tool execution."""
-    root = new_span_id()
-    spans = [
-        otlp_span(trace_id, span_id=root, name="agent", start_ms=t0_ms, end_ms=t0_ms + 500),
-        otlp_span(trace_id, parent=root, name="chat", start_ms=t0_ms + 1, end_ms=t0_ms + 20,
-                  attrs={"gen_ai.operation.name": "chat"}),
-        otlp_span(trace_id, parent=root, name=f"execute_tool {tool}", tool=tool, start_ms=t0_ms + 30,
-                  end_ms=t0_ms + 60),
-    ]
-    return otlp_request(spans).SerializeToString(), len(spans)
-
-
-def check_exactly_once(records: list[Any], expected: dict[str, str]) -> int:
-    """Raw scores topic: one score_id per expectation, right verdict, re-sends identical. Returns re-sends."""
-    by_id = scores_by_id(records)
-    per_expectation: dict[str, set[str]] = {}
-    for sid, payloads in by_id.items():
-        assert all(p == payloads[0] for p in payloads), f"{sid}: re-sent events differ"
-        ev = decode_score_event(payloads[0])
-        assert ev.version == 1, ev
-        assert verdict(ev) == expected[ev.expectation_id], (ev.expectation_id, ev)
-        per_expectation.setdefault(ev.expectation_id, set()).add(sid)
-    assert set(per_expectation) == set(expected), set(expected) ^ set(per_expectation)
-    assert all(len(s) == 1 for s in per_expectation.values())
-    return sum(len(p) - 1 for p in by_id.values())
+def trace_record(trace_id: str, t0_ms: int) -> tuple[bytes, int]:
+    """One OTLP record holding a whole trace: root, a chat span and a ``search`` execution."""
+    req, count = whole_trace(trace_id, t0_ms)
+    return req.SerializeToString(), count
 
 
 async def _decisions_at_kill(cfg: ServiceConfig, ids: Iterable[str]) -> tuple[int, int]:
@@ -98,72 +70,58 @@ async def _decisions_at_kill(cfg: ServiceConfig, ids: Iterable[str]) -> tuple[in
 async def test_kill_9_mid_run_and_restart(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> None:
     started = time.monotonic()
     cfg = make_config(kafka_bootstrap, redis_url, log_level="INFO")
-    proc = ServiceProcess(write_config(cfg, tmp_path / "toolwitness.yaml"), tmp_path / "service.log")
     t0 = int(time.time() * 1000) - 30_000
     kinds = ("true", "false", "undetermined")
     traces = {kind: [new_trace_id() for _ in range(PER_KIND)] for kind in kinds}
     expected: dict[str, str] = {}
-    try:
-        async with control_client(cfg) as tw, raw_producer(cfg) as producer:
-            await proc.start()
-            topics = cfg.kafka.topics
-            counts: dict[str, int] = {}
-            for i, kind in enumerate(kinds):
-                for j, trace_id in enumerate(traces[kind]):
-                    value, counts[trace_id] = trace_record(trace_id, t0 + 100 * (i * PER_KIND + j))
-                    await producer.send(topics.spans, value=value, key=trace_id.encode())
-            await producer.flush()
-            # Expectations interleaved by kind; UNDETERMINED ones have a short deadline and no marker.
-            for j in range(PER_KIND):
-                for kind in kinds:
-                    eid = f"{kind}-{j}"
-                    expected[eid] = kind
-                    names = ("search",) if kind == "true" else ("delete_db",)
-                    deadline = timedelta(seconds=6 if kind == "undetermined" else 120)
-                    value = expectation_bytes(eid, [traces[kind][j]], expects(*names), deadline=deadline)
-                    await producer.send(topics.control, value=value, key=eid.encode())
-            # Half of the FALSE traces are declared complete now, the other half while the service is down.
-            for trace_id in traces["false"][: PER_KIND // 2]:
-                await producer.send(topics.control, value=marker_bytes(trace_id, counts[trace_id]),
-                                    key=trace_id.encode())
-            await producer.flush()
+    async with open_stack(cfg) as s, service_process(cfg, tmp_path) as proc:
+        await proc.start()
+        topics = s.topics
+        counts: dict[str, int] = {}
+        spans: list[tuple[str, bytes]] = []
+        for i, kind in enumerate(kinds):
+            for j, trace_id in enumerate(traces[kind]):
+                value, counts[trace_id] = trace_record(trace_id, t0 + 100 * (i * PER_KIND + j))
+                spans.append((trace_id, value))
+        await s.send(topics.spans, spans)
+        # Expectations interleaved by kind; UNDETERMINED ones have a short deadline and no marker.
+        control: list[tuple[str, bytes]] = []
+        for j in range(PER_KIND):
+            for kind in kinds:
+                eid = f"{kind}-{j}"
+                expected[eid] = kind
+                names = ("search",) if kind == "true" else ("delete_db",)
+                deadline = timedelta(seconds=6 if kind == "undetermined" else 120)
+                control.append((eid, expectation_bytes(eid, [traces[kind][j]], expects(*names), deadline=deadline)))
+        # Half of the FALSE traces are declared complete now, the other half while the service is down.
+        control += [(t, marker_bytes(t, counts[t])) for t in traces["false"][: PER_KIND // 2]]
+        await s.send(topics.control, control)
 
-            def received() -> int:
-                return sum(1 for e in expected if tw.events(e))
+        with fail_on_timeout(lambda: f"no {KILL_AFTER} scores before the kill; service log:\n{proc.log_tail()}"):
+            await until(lambda: s.received(expected) >= KILL_AFTER, timeout=45, interval=0.005)
+        rc = await proc.kill()
+        at_kill = s.received(expected)
+        killed_at = time.monotonic()
+        assert rc == -9
+        assert at_kill < len(expected), "the kill must land while expectations are pending"
+        decided, unpublished = await _decisions_at_kill(cfg, expected)
 
-            try:
-                await until(lambda: received() >= KILL_AFTER, timeout=45, interval=0.005)
-            except TimeoutError:
-                pytest.fail(f"no {KILL_AFTER} scores before the kill; service log:\n{proc.log_tail()}")
-            rc = await proc.kill()
-            at_kill = received()
-            killed_at = time.monotonic()
-            assert rc == -9
-            assert at_kill < len(expected), "the kill must land while expectations are pending"
-            decided, unpublished = await _decisions_at_kill(cfg, expected)
+        await s.send(topics.control, [(t, marker_bytes(t, counts[t])) for t in traces["false"][PER_KIND // 2 :]])
 
-            for trace_id in traces["false"][PER_KIND // 2 :]:
-                await producer.send(topics.control, value=marker_bytes(trace_id, counts[trace_id]),
-                                    key=trace_id.encode())
-            await producer.flush()
-
-            await proc.start()  # same config, same consumer group
-            try:
-                await until(lambda: received() > at_kill, timeout=45)
-                first_after_restart = time.monotonic() - killed_at
-                await asyncio.gather(*[tw.wait_for(e, timeout=45) for e in expected])
-            except TimeoutError:
-                missing = [e for e in expected if not tw.events(e)]
-                pytest.fail(f"missing scores after restart: {missing}; service log:\n{proc.log_tail()}")
-            for eid, want in expected.items():
-                events = tw.events(eid)
-                assert len(events) == 1, f"{eid}: {len(events)} distinct score events"
-                assert verdict(events[0]) == want and events[0].version == 1, (eid, events[0])
-                if want == "undetermined":
-                    assert events[0].trigger == "deadline"
-            duplicates = tw.duplicates
-            assert await proc.stop() == 0, proc.log_tail()
-        resent = check_exactly_once(await read_all(kafka_bootstrap, cfg.kafka.topics.scores), expected)
+        await proc.start()  # same config, same consumer group
+        with fail_on_timeout(lambda: f"missing scores after restart: {s.missing(expected)}; service log:\n"
+                                     f"{proc.log_tail()}"):
+            await until(lambda: s.received(expected) > at_kill, timeout=45)
+            first_after_restart = time.monotonic() - killed_at
+            await s.all_scored(expected, timeout=45)
+        for eid, ev in s.only_events(expected).items():
+            want = expected[eid]
+            assert verdict(ev) == want and ev.version == 1, (eid, ev)
+            if want == "undetermined":
+                assert ev.trigger == "deadline"
+        duplicates = s.tw.duplicates
+        assert await proc.stop() == 0, proc.log_tail()
+        resent = assert_exactly_once(await s.scores(), expected)
         assert resent == duplicates
         print(
             f"\n[crash] {len(expected)} expectations; kill -9 after {at_kill} scores (in Redis at the kill: "
@@ -171,9 +129,6 @@ async def test_kill_9_mid_run_and_restart(kafka_bootstrap: str, redis_url: str, 
             f"{first_after_restart:.1f}s after the kill; re-sent identical events={resent} "
             f"(client duplicates={duplicates}); {time.monotonic() - started:.1f}s"
         )
-    finally:
-        await proc.stop()
-        await drop_stack(cfg)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -255,59 +210,55 @@ async def test_crash_at_each_commit_step_then_replay(kafka_bootstrap: str, redis
     t0 = int(time.time() * 1000) - 30_000
     expected: dict[str, str] = {}
     report: dict[str, int] = {}
-    try:
-        async with control_client(cfg) as tw, raw_producer(cfg) as producer:
-            topics = cfg.kafka.topics
-            for n, step in enumerate(STEPS):
-                early_true, early_false, late_true = new_trace_id(), new_trace_id(), new_trace_id()
-                async with service_and_task(cfg) as (service, run_task):
-                    # Spans of two traces, consumed and committed before the crash round.
-                    counts = {}
-                    for trace_id in (early_true, early_false):
-                        value, counts[trace_id] = trace_record(trace_id, t0 + 1000 * n)
-                        await producer.send_and_wait(topics.spans, value=value, key=trace_id.encode())
-                    for trace_id in (early_true, early_false):
-                        await until(lambda t=trace_id: _span_count(service, t))  # type: ignore[misc]
-                    async with service.batch_lock:
-                        pass
-                    arm(service, step)
-                    # The crash round, produced while consumption is paused so that it is one batch:
-                    # spans of a third trace, expectations on all three traces, a marker.
-                    assert service.consumer is not None
-                    service.consumer.pause(*service.consumer.assignment())
-                    value, counts[late_true] = trace_record(late_true, t0 + 1000 * n + 500)
-                    ids = {f"{step}-early-true": early_true, f"{step}-early-false": early_false,
-                           f"{step}-late-true": late_true}
-                    batch = [(topics.spans, late_true, value)]
-                    for eid, trace_id in ids.items():
-                        names = ("delete_db",) if "false" in eid else ("search",)
-                        batch.append((topics.control, eid, expectation_bytes(eid, [trace_id], expects(*names))))
-                        expected[eid] = "false" if "false" in eid else "true"
-                    batch.append((topics.control, early_false, marker_bytes(early_false, counts[early_false])))
-                    await asyncio.gather(*[await producer.send(t, value=v, key=k.encode()) for t, k, v in batch])
-                    service.consumer.resume(*service.consumer.assignment())
-                    with contextlib.suppress(Crash, TimeoutError):
-                        async with asyncio.timeout(30):
-                            await asyncio.shield(run_task)
-                    assert run_task.done() and isinstance(run_task.exception(), Crash), step
-                # A fresh instance (empty caches) replays from the last committed offset.
-                async with running_service(cfg) as fresh:
-                    try:
-                        await asyncio.gather(*[tw.wait_for(e, timeout=30) for e in ids])
-                    except TimeoutError:
-                        pytest.fail(f"{step}: missing after replay: {[e for e in ids if not tw.events(e)]}")
-                    # ... and whatever was decided but not marked published is re-sent and marked.
-                    await until(lambda s=fresh, i=ids: _all_published(s, i), timeout=20)  # type: ignore[misc]
-                report[step] = tw.duplicates - sum(report.values())
-            for eid, want in expected.items():
-                events = tw.events(eid)
-                assert len(events) == 1 and events[0].version == 1, (eid, events)
-                assert verdict(events[0]) == want, (eid, events[0])
-        resent = check_exactly_once(await read_all(kafka_bootstrap, cfg.kafka.topics.scores), expected)
+    async with open_stack(cfg) as s:
+        topics = s.topics
+        for n, step in enumerate(STEPS):
+            early_true, early_false, late_true = new_trace_id(), new_trace_id(), new_trace_id()
+            async with service_and_task(cfg) as (service, run_task):
+                # Spans of two traces, consumed and committed before the crash round.
+                counts = {}
+                for trace_id in (early_true, early_false):
+                    value, counts[trace_id] = trace_record(trace_id, t0 + 1000 * n)
+                    await s.producer.send_and_wait(topics.spans, value=value, key=trace_id.encode())
+                for trace_id in (early_true, early_false):
+                    await until(lambda t=trace_id: _span_count(service, t))  # type: ignore[misc]
+                async with service.batch_lock:
+                    pass
+                arm(service, step)
+                # The crash round, produced while consumption is paused so that it is one batch:
+                # spans of a third trace, expectations on all three traces, a marker.
+                assert service.consumer is not None
+                service.consumer.pause(*service.consumer.assignment())
+                value, counts[late_true] = trace_record(late_true, t0 + 1000 * n + 500)
+                ids = {f"{step}-early-true": early_true, f"{step}-early-false": early_false,
+                       f"{step}-late-true": late_true}
+                control = []
+                for eid, trace_id in ids.items():
+                    names = ("delete_db",) if "false" in eid else ("search",)
+                    control.append((eid, expectation_bytes(eid, [trace_id], expects(*names))))
+                    expected[eid] = "false" if "false" in eid else "true"
+                control.append((early_false, marker_bytes(early_false, counts[early_false])))
+                await s.send(topics.spans, [(late_true, value)])
+                await s.send(topics.control, control)
+                service.consumer.resume(*service.consumer.assignment())
+                with contextlib.suppress(Crash, TimeoutError):
+                    async with asyncio.timeout(30):
+                        await asyncio.shield(run_task)
+                assert run_task.done() and isinstance(run_task.exception(), Crash), step
+            # A fresh instance (empty caches) replays from the last committed offset.
+            async with running_service(cfg) as fresh:
+                lost = f"{step}: missing after replay"
+                with fail_on_timeout(lambda what=lost, i=ids: f"{what}: {s.missing(i)}"):  # type: ignore[misc]
+                    await s.all_scored(ids, timeout=30)
+                # ... and whatever was decided but not marked published is re-sent and marked.
+                await until(lambda svc=fresh, i=ids: _all_published(svc, i), timeout=20)  # type: ignore[misc]
+            report[step] = s.tw.duplicates - sum(report.values())
+        for eid, ev in s.only_events(expected).items():
+            assert ev.version == 1, (eid, ev)
+            assert verdict(ev) == expected[eid], (eid, ev)
+        resent = assert_exactly_once(await s.scores(), expected)
         print(f"\n[crash-steps] re-sent identical events per crash step {report} (total {resent}); "
               f"{time.monotonic() - started:.1f}s")
-    finally:
-        await drop_stack(cfg)
 
 
 async def test_sweeper_dies_after_claiming_a_deadline(kafka_bootstrap: str, redis_url: str) -> None:
@@ -316,40 +267,35 @@ async def test_sweeper_dies_after_claiming_a_deadline(kafka_bootstrap: str, redi
     started = time.monotonic()
     cfg = make_config(kafka_bootstrap, redis_url)
     t0 = int(time.time() * 1000) - 30_000
-    try:
-        async with control_client(cfg) as tw, raw_producer(cfg) as producer:
-            trace_id = new_trace_id()
-            value, _ = trace_record(trace_id, t0)
-            await producer.send_and_wait(cfg.kafka.topics.spans, value=value, key=trace_id.encode())
-            async with service_and_task(cfg) as (service, _task):
-                claimed: list[Any] = []
-                service.store.claim_lease_ms = 1500  # type: ignore[attr-defined]
-                evaluate = service.engine.evaluate
+    async with open_stack(cfg) as s:
+        trace_id = new_trace_id()
+        value, _ = trace_record(trace_id, t0)
+        await s.producer.send_and_wait(s.topics.spans, value=value, key=trace_id.encode())
+        async with service_and_task(cfg) as (service, _task):
+            claimed: list[Any] = []
+            service.store.claim_lease_ms = 1500  # type: ignore[attr-defined]
+            evaluate = service.engine.evaluate
 
-                async def no_unclaim(*args: Any, **kwargs: Any) -> None:  # nothing runs after the crash
-                    return None
+            async def no_unclaim(*args: Any, **kwargs: Any) -> None:  # nothing runs after the crash
+                return None
 
-                async def dying_evaluate(work: Any, watermark: int) -> Any:
-                    if work.final:
-                        claimed.extend(work.final)
-                        if service._sweeper is not None:
-                            service._sweeper.cancel()
-                        raise Crash("sweeper")
-                    return await evaluate(work, watermark)
+            async def dying_evaluate(work: Any, watermark: int) -> Any:
+                if work.final:
+                    claimed.extend(work.final)
+                    if service._sweeper is not None:
+                        service._sweeper.cancel()
+                    raise Crash("sweeper")
+                return await evaluate(work, watermark)
 
-                service.store.unclaim = no_unclaim  # type: ignore[method-assign]
-                service.engine.evaluate = dying_evaluate  # type: ignore[method-assign]
-                eid = await tw.expect(TraceScorable(trace_ids=(trace_id,)), expects("delete_db"),
-                                      deadline=timedelta(seconds=1))
-                await until(lambda: claimed, timeout=30)
-            assert tw.events(eid) == []
-            async with running_service(cfg):
-                try:
-                    ev = await tw.wait_for(eid, timeout=30)
-                except TimeoutError:
-                    pytest.fail("the claimed deadline was lost with the sweeper that claimed it")
-            assert verdict(ev) == "undetermined" and ev.trigger == "deadline"
-            assert len(tw.events(eid)) == 1
+            service.store.unclaim = no_unclaim  # type: ignore[method-assign]
+            service.engine.evaluate = dying_evaluate  # type: ignore[method-assign]
+            eid = await s.tw.expect(TraceScorable(trace_ids=(trace_id,)), expects("delete_db"),
+                                    deadline=timedelta(seconds=1))
+            await until(lambda: claimed, timeout=30)
+        assert s.tw.events(eid) == []
+        async with running_service(cfg):
+            with fail_on_timeout(lambda: "the claimed deadline was lost with the sweeper that claimed it"):
+                ev = await s.tw.wait_for(eid, timeout=30)
+        assert verdict(ev) == "undetermined" and ev.trigger == "deadline"
+        assert len(s.tw.events(eid)) == 1
         print(f"\n[crash-sweeper] claimed deadline re-claimed after the lease; {time.monotonic() - started:.1f}s")
-    finally:
-        await drop_stack(cfg)

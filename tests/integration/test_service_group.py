@@ -19,28 +19,26 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
-from collector.config import ServiceConfig
-from collector.pipeline.service import ToolwitnessService
-from collector.wire.convert import decode_score_event
 from tests.integration.harness import (
     BatchLog,
-    control_client,
-    drop_stack,
+    SpanRecord,
+    Stack,
+    assert_exactly_once,
     expectation_bytes,
     expects,
     make_config,
     marker_bytes,
     new_span_id,
     new_trace_id,
-    otlp_request,
+    open_stack,
     otlp_span,
-    raw_producer,
-    read_all,
     running_service,
-    scores_by_id,
+    send_located,
+    span_partitions,
+    split_records,
     until,
+    until_split,
     verdict,
 )
 
@@ -54,7 +52,7 @@ TRACES_PER_PHASE = 10
 class Trace:
     index: int
     trace_id: str = field(default_factory=new_trace_id)
-    records: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # (partition, key, value)
+    records: list[SpanRecord] = field(default_factory=list)
     spans: int = 0
     tools: tuple[str, ...] = ()
     true_id: str = ""
@@ -73,9 +71,7 @@ def build_trace(index: int, t0_ms: int) -> Trace:
     for k, tool in enumerate(tools):
         spans.append(otlp_span(tr.trace_id, parent=root, name=f"execute_tool {tool}", tool=tool,
                                start_ms=t0_ms + 100 * (k + 1), end_ms=t0_ms + 100 * (k + 1) + 50))
-    for j, span in enumerate(spans):
-        key = f"{tr.trace_id}:{j}".encode()
-        tr.records.append(((index + j) % PARTITIONS, key, otlp_request([span]).SerializeToString()))
+    tr.records = split_records(tr.trace_id, spans, index, PARTITIONS)
     tr.spans = len(spans)
     tr.tools = tools
     tr.true_id = f"true-{index}-{tr.trace_id[:8]}"
@@ -83,38 +79,24 @@ def build_trace(index: int, t0_ms: int) -> Trace:
     return tr
 
 
-async def send_phase(producer: AIOKafkaProducer, cfg: ServiceConfig, traces: list[Trace]) -> dict[tuple[int, int], str]:
+async def send_phase(s: Stack, traces: list[Trace]) -> dict[tuple[int, int], str]:
     """Expectations, markers and spans of ``traces``, interleaved; returns (partition, offset) -> trace id
     of every span record."""
-    topics = cfg.kafka.topics
     control: list[tuple[str, bytes]] = []
     for tr in traces:
         control.append((tr.true_id, expectation_bytes(tr.true_id, [tr.trace_id], expects(*tr.tools[:2]))))
         control.append((tr.false_id, expectation_bytes(tr.false_id, [tr.trace_id], expects("delete_db"))))
         if tr.index % 2 == 0:  # the marker comes before any span of the trace
             control.append((tr.trace_id, marker_bytes(tr.trace_id, tr.spans)))
-    futures = [await producer.send(topics.control, value=v, key=k.encode()) for k, v in control]
-    await asyncio.gather(*futures)
+    await s.send(s.topics.control, control)
     located: dict[tuple[int, int], str] = {}
     rounds = max(len(tr.records) for tr in traces)
     for j in range(rounds):  # span j of every trace, then span j + 1 of every trace, ...
-        pending = [(tr, tr.records[j]) for tr in traces if j < len(tr.records)]
-        futs = [await producer.send(topics.spans, value=v, key=k, partition=p) for _, (p, k, v) in pending]
-        for (tr, _), md in zip(pending, await asyncio.gather(*futs), strict=True):
-            located[(md.partition, md.offset)] = tr.trace_id
+        pending = [(tr.trace_id, tr.records[j]) for tr in traces if j < len(tr.records)]
+        located.update(await send_located(s.producer, s.topics.spans, pending))
     late = [tr for tr in traces if tr.index % 2 == 1]  # the marker comes after every span of the trace
-    await asyncio.gather(*[
-        await producer.send(topics.control, value=marker_bytes(tr.trace_id, tr.spans), key=tr.trace_id.encode())
-        for tr in late
-    ])
+    await s.send(s.topics.control, [(tr.trace_id, marker_bytes(tr.trace_id, tr.spans)) for tr in late])
     return located
-
-
-def span_partitions(service: ToolwitnessService) -> set[int]:
-    consumer = service.consumer
-    if consumer is None:
-        return set()
-    return {tp.partition for tp in consumer.assignment() if tp.topic == service.cfg.kafka.topics.spans}
 
 
 async def test_two_instances_one_group_traces_across_partitions(kafka_bootstrap: str, redis_url: str) -> None:
@@ -126,71 +108,51 @@ async def test_two_instances_one_group_traces_across_partitions(kafka_bootstrap:
     phase1 = [build_trace(i, t0 + 1000 * i) for i in range(TRACES_PER_PHASE)]
     phase2 = [build_trace(i, t0 + 1000 * i) for i in range(TRACES_PER_PHASE, 2 * TRACES_PER_PHASE)]
     everything = phase1 + phase2
-    try:
-        async with control_client(cfg) as tw, raw_producer(cfg) as producer, running_service(cfg_a) as a:
+    expected = {e: want for tr in everything for e, want in ((tr.true_id, "true"), (tr.false_id, "false"))}
+    async with open_stack(cfg) as s:
+        async with running_service(cfg_a) as a:
             log_a = BatchLog(a).install()
             async with contextlib.AsyncExitStack() as b_stack:
                 b = await b_stack.enter_async_context(running_service(cfg_b))
                 log_b = BatchLog(b).install()
                 # Both members hold spans partitions, disjoint, together all four.
-                await until(
-                    lambda: (pa := span_partitions(a)) and (pb := span_partitions(b)) and not (pa & pb)
-                    and (pa | pb) == set(range(PARTITIONS)),
-                    timeout=30,
-                )
-                split = (sorted(span_partitions(a)), sorted(span_partitions(b)))
+                split = await until_split(a, b, PARTITIONS)
 
-                located = await send_phase(producer, cfg, phase1)
-                await asyncio.gather(*[tw.wait_for(e, timeout=45) for tr in phase1 for e in (tr.true_id, tr.false_id)])
+                located = await send_phase(s, phase1)
+                await s.all_scored([e for tr in phase1 for e in (tr.true_id, tr.false_id)], timeout=45)
 
                 # Phase 2: records in flight while instance b leaves the group (graceful stop:
                 # finish the in-flight batch, commit, leave); a takes every partition over.
                 before = len(log_b.batches)
-                sending = asyncio.create_task(send_phase(producer, cfg, phase2))
+                sending = asyncio.create_task(send_phase(s, phase2))
                 await until(lambda: len(log_b.batches) > before)  # b is consuming phase 2 ...
                 await b_stack.aclose()  # ... and leaves the group mid-stream
             located.update(await sending)
             await until(lambda: span_partitions(a) == set(range(PARTITIONS)), timeout=30)
-            await asyncio.gather(*[tw.wait_for(e, timeout=45) for tr in phase2 for e in (tr.true_id, tr.false_id)])
+            await s.all_scored([e for tr in phase2 for e in (tr.true_id, tr.false_id)], timeout=45)
 
             # What a downstream consumer sees, through the client (deduplicated by score_id).
+            events = s.only_events(expected)
             triggers: dict[str, int] = {}
+            for eid, want in expected.items():
+                assert verdict(events[eid]) == want, (eid, events[eid])
+                assert events[eid].version == 1
             for tr in everything:
-                for eid, want in ((tr.true_id, "true"), (tr.false_id, "false")):
-                    events = tw.events(eid)
-                    assert len(events) == 1, f"{eid}: {len(events)} distinct score events"
-                    assert verdict(events[0]) == want, (eid, events[0])
-                    assert events[0].version == 1
-                false_ev = tw.events(tr.false_id)[0]
+                false_ev = events[tr.false_id]
                 assert false_ev.coverage.complete, false_ev.coverage  # absence proven by the marker's span count
                 triggers[false_ev.trigger] = triggers.get(false_ev.trigger, 0) + 1
-            client_duplicates = tw.duplicates
+            client_duplicates = s.tw.duplicates
 
         # ... and raw, record by record: one score_id per expectation, re-sends byte-identical.
-        records = await read_all(cfg.kafka.bootstrap_servers, cfg.kafka.topics.scores)
-        by_id = scores_by_id(records)
-        expected_ids = {e for tr in everything for e in (tr.true_id, tr.false_id)}
-        per_expectation: dict[str, set[str]] = {}
-        for sid, payloads in by_id.items():
-            assert all(p == payloads[0] for p in payloads), f"{sid}: re-sent events differ"
-            per_expectation.setdefault(decode_score_event(payloads[0]).expectation_id, set()).add(sid)
-        assert set(per_expectation) == expected_ids
-        assert all(len(s) == 1 for s in per_expectation.values())
-        resent = sum(len(p) - 1 for p in by_id.values())
+        records = await s.scores()
+        resent = assert_exactly_once(records, expected)
 
         # The scenario really was shared: spans of one trace were processed by both instances.
-        def traces_of(log: BatchLog) -> set[str]:
-            return {located[(p, o)] for b in log.batches for (t, p, o) in b if t == cfg.kafka.topics.spans
-                    and (p, o) in located}
-
-        shared = traces_of(log_a) & traces_of(log_b)
+        shared = log_a.traces(located, s.topics.spans) & log_b.traces(located, s.topics.spans)
         assert shared, "no trace had spans consumed by both instances"
         print(
-            f"\n[group] partitions a={split[0]} b={split[1]}; {len(expected_ids)} expectations, "
+            f"\n[group] partitions a={split[0]} b={split[1]}; {len(expected)} expectations, "
             f"{len(records)} score records, {resent} re-sent identical (client duplicates={client_duplicates}); "
             f"traces split across instances={len(shared)}/{len(everything)}; FALSE triggers={triggers}; "
             f"batches a={len(log_a.batches)} b={len(log_b.batches)}; {time.monotonic() - started:.1f}s"
         )
-    finally:
-        await drop_stack(cfg)
-
