@@ -77,10 +77,11 @@ async def test_redis_restart_with_aof_is_ridden_out(kafka_bootstrap: str, tmp_pa
                 assert not task.done(), f"the poll loop ended while Redis was down:\n{ended(task)}"
                 failed_batches = int(failures() - fails0)
 
-                # 4. Redis comes back with its append-only file.
+                # 4. Redis comes back with its append-only file. (Scores are counted before: the service may
+                # publish all of them while `up` still waits for Redis to answer.)
+                scored = s.received(expected)
                 await iso.up("redis", keep_data=True)
                 up_at = time.monotonic()
-                scored = s.received(expected)
                 with fail_on_timeout(lambda: f"not scored after Redis came back: {s.missing(expected)}; "
                                              f"loop done={task.done()}"):
                     await until(lambda: s.received(expected) > scored or task.done(), timeout=45)
