@@ -39,9 +39,9 @@ from collector.exporters.kafka import DeadLetter, KafkaExporter
 from collector.pipeline.engine import Engine, Published, Work
 from collector.processors.completion import WatermarkTracker
 from collector.processors.decide import Outcome
-from collector.processors.normalize import rejected_fact, span_fact
+from collector.processors.normalize import rejected_fact
 from collector.processors.trace_state import TraceStateStore
-from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_record
+from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts
 from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
 from collector.wire.convert import ControlDecodeError, check_marker, decode_control, expectation_from_proto, now_ms
 from scoring.score.base import ScorerConfigurationError
@@ -119,7 +119,7 @@ class Checkpoint:
                     continue
                 self._records_spans.inc()
                 try:
-                    decoded = decode_span_record(value, _headers(rec), self.cfg)
+                    decoded = decode_span_facts(value, _headers(rec), self.cfg, max_arg)
                 except RecordDecodeError as exc:
                     dead.append(self._dead(rec, exc.reason, exc.detail))
                     lost = self._lost_trace(rec)
@@ -131,15 +131,14 @@ class Checkpoint:
                     continue
                 # The watermark keeps a partition's latest end time: one observation per record.
                 latest_end = 0
-                for tenant, span in decoded.spans:
-                    groups.setdefault((tenant, span.trace_id), []).append(span_fact(span, max_arg))
-                    end = span.end_time_unix_nano
-                    if end and end > latest_end:
+                for tenant, trace, fact, end in decoded.facts:
+                    groups.setdefault((tenant, trace), []).append(fact)
+                    if end > latest_end:
                         latest_end = end
                 if latest_end:
                     self.watermarks.observe(tp.partition, latest_end // 1_000_000, wall)
-                res.spans += len(decoded.spans)
-                self._spans_in.inc(len(decoded.spans))
+                res.spans += len(decoded.facts)
+                self._spans_in.inc(len(decoded.facts))
                 for i, (tenant, trace, reason, _detail) in enumerate(decoded.rejected):
                     DROPPED.labels(self.name, reason).inc()
                     if trace:

@@ -1,6 +1,7 @@
 """The normalization processor: neutral span → compact span fact for the trace-state script.
 
-It reuses ``scoring.normalize.normalize_span``; it never re-implements the rules.
+It reuses ``scoring.normalize.normalize_span`` (``span_rules`` on the fused decode path of
+``collector.receivers.decode.decode_span_facts``); it never re-implements the rules.
 """
 
 from __future__ import annotations
@@ -44,21 +45,55 @@ def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> l
     (-1 = not ended), capture code 0 captured / 1 absent / 2 truncated, arguments, call id,
     openinference 0/1]``; trailing defaults (empty call id, GenAI convention) are left off.
     """
-    dur = (e.end_time_unix_nano - e.start_time_unix_nano) // 1000 if e.end_time_unix_nano else -1
-    x: list[Any] = [
+    return pack_tool(
         short_id(e.span_id),
         e.name,
-        1 if e.status == "error" else 0,
-        str(e.start_time_unix_nano),
-        max(dur, -1),
+        e.status == "error",
+        e.start_time_unix_nano,
+        e.end_time_unix_nano,
+        state,
+        args,
+        e.call_id,
+        e.convention == "openinference",
+    )
+
+
+def pack_tool(
+    span_id: str,
+    name: str,
+    failed: bool,
+    start_ns: int,
+    end_ns: int,
+    state: CaptureState,
+    args: str | None,
+    call_id: str | None,
+    openinference: bool,
+) -> list[Any]:
+    """``pack_execution`` from plain values (``span_id`` already short, ``end_ns`` 0 = not ended)."""
+    dur = (end_ns - start_ns) // 1000 if end_ns else -1
+    x: list[Any] = [
+        span_id,
+        name,
+        1 if failed else 0,
+        str(start_ns),
+        dur if dur > -1 else -1,  # max(dur, -1) without a call
         _CAPTURE_CODES[state],
         args or "",
-        e.call_id or "",
-        1 if e.convention == "openinference" else 0,
     ]
-    while len(x) > 7 and not x[-1]:
-        x.pop()
+    # trailing defaults left off: call id "" (unless openinference follows), convention 0
+    if openinference:
+        x += (call_id or "", 1)
+    elif call_id:
+        x.append(call_id)
     return x
+
+
+def cap_arguments(args: str | None, state: CaptureState, max_argument_bytes: int) -> tuple[str | None, CaptureState]:
+    """Arguments cut to ``max_argument_bytes`` UTF-8 bytes (then TRUNCATED), as the state keeps them."""
+    # A str of n characters is at most 4n UTF-8 bytes: encode only when that could exceed the cap.
+    if args is not None and len(args) * 4 > max_argument_bytes and len(args.encode()) > max_argument_bytes:
+        return args.encode()[:max_argument_bytes].decode("utf-8", "ignore"), CaptureState.TRUNCATED
+    return args, state
 
 
 def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
@@ -88,12 +123,7 @@ def span_fact(span: NeutralSpan, max_argument_bytes: int) -> dict[str, Any]:
     x: list[Any] | bool = False
     e = facts.execution
     if e is not None:
-        args = e.arguments
-        state = e.arguments_state
-        # A str of n characters is at most 4n UTF-8 bytes: encode only when that could exceed the cap.
-        if args is not None and len(args) * 4 > max_argument_bytes and len(args.encode()) > max_argument_bytes:
-            args = args.encode()[:max_argument_bytes].decode("utf-8", "ignore")
-            state = CaptureState.TRUNCATED
+        args, state = cap_arguments(e.arguments, e.arguments_state, max_argument_bytes)
         x = pack_execution(e, args, state)
     end_ms = (span.end_time_unix_nano or 0) // 1_000_000
     return {

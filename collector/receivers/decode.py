@@ -8,6 +8,7 @@ with some bad spans keeps its good spans; the bad ones are reported per record.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,20 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector.config import ServiceConfig
-from scoring.normalize.spans import AttrValue, NeutralSpan, SpanDecodeError, from_otlp_span, otlp_attributes
+from collector.processors.normalize import cap_arguments, pack_tool, span_fact
+from scoring.normalize.spans import (
+    SESSION_KEYS,
+    AttrValue,
+    NeutralSpan,
+    SpanDecodeError,
+    check_otlp_ids,
+    fact_attributes,
+    from_otlp_span,
+    otlp_attributes,
+    otlp_flags,
+    session_of,
+    span_rules,
+)
 
 #: matched with fullmatch: ``$`` alone would also accept a trailing newline ("acme\n").
 TENANT_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -125,6 +139,119 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
                 except SpanDecodeError as exc:
                     out.rejected.append((tenant, trace_hex, "invalid_span", str(exc)))
     if not out.spans and out.rejected:
+        first = out.rejected[0]
+        raise RecordDecodeError(first[2], first[3])
+    return out
+
+
+@dataclass(slots=True)
+class DecodedFacts:
+    """The span facts of one record (what ``decode_span_record`` + ``span_fact`` give), plus rejections."""
+
+    #: (tenant, trace id hex, span fact, end time ns or 0) per kept span, in record order
+    facts: list[tuple[str, str, dict[str, Any], int]] = field(default_factory=list)
+    #: as ``DecodedRecord.rejected``
+    rejected: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+
+_B64URL = bytes.maketrans(b"+/", b"-_")
+_SESSION_KEYS = frozenset(SESSION_KEYS)
+
+
+def decode_span_facts(
+    value: bytes, headers: Sequence[tuple[str, bytes]], cfg: ServiceConfig, max_argument_bytes: int
+) -> DecodedFacts:
+    """``decode_span_record`` then ``span_fact`` per span, fused: the same facts, rejections and
+    errors, straight from the protobuf (only the attributes a fact depends on are converted,
+    no neutral span, no model). Raises RecordDecodeError if nothing in the record is usable.
+    """
+    out = DecodedFacts()
+    if cfg.kafka.encoding == "otlp_json":  # rare: the general path
+        decoded = decode_span_record(value, headers, cfg)
+        out.facts = [
+            (tenant, span.trace_id, span_fact(span, max_argument_bytes), span.end_time_unix_nano or 0)
+            for tenant, span in decoded.spans
+        ]
+        out.rejected = decoded.rejected
+        return out
+    if len(value) > cfg.kafka.max_record_bytes:
+        limit = cfg.kafka.max_record_bytes
+        raise RecordDecodeError("record_too_large", f"{len(value)} bytes > max_record_bytes {limit}")
+    req = parse_request(value, cfg.kafka.encoding)
+    max_attrs = cfg.limits.max_attributes_per_span
+    resource_keys = frozenset({*SESSION_KEYS, cfg.tenant.resource_attribute})
+    facts = out.facts
+    b64 = binascii.b2a_base64
+    no_attrs: dict[str, AttrValue] = {}
+    last_trace = b""
+    trace_hex = ""
+    #: parent id → base64url (most spans of a record share a parent)
+    parents: dict[bytes, str] = {b"": ""}
+    # [:] everywhere: iterating an upb repeated field ends in a (costly) formatted IndexError.
+    for rs in req.resource_spans[:]:
+        resource = fact_attributes(rs.resource.attributes, resource_keys)
+        tenant = record_tenant(headers, resource, cfg)
+        if not TENANT_RE.fullmatch(tenant):
+            raise RecordDecodeError("invalid_tenant", f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
+        resource_session = session_of(no_attrs, resource) or ""
+        for ss in rs.scope_spans[:]:
+            for span in ss.spans[:]:
+                trace_id = span.trace_id
+                if trace_id != last_trace:  # the spans of a record mostly share one trace
+                    last_trace = trace_id
+                    trace_hex = trace_id.hex() if len(trace_id) == 16 else ""
+                kvs = span.attributes
+                if len(kvs) > max_attrs:
+                    out.rejected.append((tenant, trace_hex, "too_many_attributes", f"{len(kvs)} > {max_attrs}"))
+                    continue
+                span_id = span.span_id
+                parent = span.parent_span_id
+                try:
+                    check_otlp_ids(trace_id, span_id, parent)
+                except SpanDecodeError as exc:
+                    out.rejected.append((tenant, trace_hex, "invalid_span", str(exc)))
+                    continue
+                sampled, remote = otlp_flags(span.flags)
+                end = span.end_time_unix_nano
+                attrs = fact_attributes(kvs) if kvs else no_attrs
+                rules = span_rules(
+                    attrs,
+                    status_error=span.status.code == 2,
+                    ended=end > 0,
+                    sampled=sampled,
+                    dropped=span.dropped_attributes_count > 0,
+                )
+                # 8 bytes in base64url without padding: short_id() of the same id in hex.
+                short = b64(span_id, newline=False).translate(_B64URL, b"=").decode()
+                parent_short = parents.get(parent)
+                if parent_short is None:
+                    parent_short = parents[parent] = b64(parent, newline=False).translate(_B64URL, b"=").decode()
+                x: list[Any] | bool = False
+                if rules.name is not None:
+                    args, state = cap_arguments(rules.arguments, rules.arguments_state, max_argument_bytes)
+                    x = pack_tool(
+                        short,
+                        rules.name,
+                        rules.failed,
+                        span.start_time_unix_nano,
+                        end,
+                        state,
+                        args,
+                        rules.call_id,
+                        rules.convention == "openinference",
+                    )
+                fact = {
+                    "i": short,
+                    "p": parent_short,
+                    "r": 1 if remote else 0,
+                    "e": end // 1_000_000,
+                    "f": list(rules.reasons),
+                    "x": x,
+                    # without a session key of its own a span has its resource's session
+                    "s": resource_session if _SESSION_KEYS.isdisjoint(attrs) else session_of(attrs, resource) or "",
+                }
+                facts.append((tenant, trace_hex, fact, end))
+    if not facts and out.rejected:
         first = out.rejected[0]
         raise RecordDecodeError(first[2], first[3])
     return out

@@ -10,10 +10,11 @@ evidence. Names match exactly.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal, NamedTuple, cast
 
 from scoring.models.evidence import (
     ATTRIBUTES_DROPPED,
@@ -46,6 +47,13 @@ OI_CALL_IDS = ("tool.id", "tool_call.id")
 OI_ARGUMENTS = ("tool.parameters", "input.value")
 OI_RESULT = "output.value"
 SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
+ERROR_TYPE = "error.type"
+#: every attribute ``span_rules`` reads except the results (a span fact does not keep them),
+#: plus the session keys: all a span fact depends on (``fact_attributes`` reads only these).
+FACT_KEYS = frozenset(
+    {GEN_AI_OPERATION, GEN_AI_TOOL_NAME, GEN_AI_CALL_ID, GEN_AI_ARGUMENTS, OI_KIND, OI_TOOL_NAME, *OI_CALL_IDS}
+    | {*OI_ARGUMENTS, ERROR_TYPE, TRUNCATED_FLAG, *SESSION_KEYS}
+)
 
 # OTLP Span.flags bits (opentelemetry-proto trace.proto SpanFlags).
 _FLAG_SAMPLED = 0x01
@@ -75,12 +83,17 @@ class NeutralSpan:
         return self.end_time_unix_nano is not None and self.end_time_unix_nano > 0
 
     def session_id(self) -> str | None:
-        for source in (self.attributes, self.resource_attributes):
-            for key in SESSION_KEYS:
-                v = source.get(key)
-                if isinstance(v, str) and v:
-                    return v
-        return None
+        return session_of(self.attributes, self.resource_attributes)
+
+
+def session_of(attributes: Mapping[str, AttrValue], resource_attributes: Mapping[str, AttrValue]) -> str | None:
+    """A span's session id: the first non-empty string of SESSION_KEYS, span attributes first."""
+    for source in (attributes, resource_attributes):
+        for key in SESSION_KEYS:
+            v = source.get(key)
+            if isinstance(v, str) and v:
+                return v
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,30 +123,59 @@ def _first(attrs: Mapping[str, AttrValue], keys: Sequence[str]) -> str | None:
     return None
 
 
-def normalize_span(span: NeutralSpan) -> SpanFacts:
-    """Turn one neutral span into (tool execution | None, coverage reasons)."""
-    reasons: set[str] = set()
-    if not span.sampled:
-        reasons.add(SPAN_UNSAMPLED)
-    if not span.ended:
-        reasons.add(SPAN_NOT_ENDED)
-    if span.dropped_attributes_count > 0:
-        reasons.add(ATTRIBUTES_DROPPED)
-    attrs = span.attributes
+class SpanRules(NamedTuple):
+    """What the normalization rules make of one span, without building a model.
+
+    ``name`` is None when the span is not a tool execution (then only ``reasons`` matter).
+    """
+
+    name: str | None
+    call_id: str | None
+    arguments: str | None
+    result: str | None
+    arguments_state: CaptureState
+    convention: Literal["gen_ai", "openinference"]
+    failed: bool
+    #: coverage reasons, sorted, each once
+    reasons: tuple[str, ...]
+
+
+_NOT_A_TOOL = SpanRules(None, None, None, None, CaptureState.ABSENT, "gen_ai", False, ())
+_ABSENT, _TRUNCATED, _CAPTURED = CaptureState.ABSENT, CaptureState.TRUNCATED, CaptureState.CAPTURED
+#: ``_new_rules(SpanRules, (all fields in order))``: a SpanRules at half the cost of its
+#: keyword-capable constructor (the one per tool execution on the hot path)
+_new_rules = tuple.__new__
+
+
+def span_rules(
+    attrs: Mapping[str, AttrValue], *, status_error: bool, ended: bool, sampled: bool, dropped: bool
+) -> SpanRules:
+    """THE normalization rules: one span's attributes and flags → tool execution facts + reasons.
+
+    ``dropped``: the span says attributes were dropped (``dropped_attributes_count > 0``).
+    Reads only FACT_KEYS and the two result keys of ``attrs``.
+    """
+    reasons: list[str] = []
+    if not sampled:
+        reasons.append(SPAN_UNSAMPLED)
+    if not ended:
+        reasons.append(SPAN_NOT_ENDED)
+    if dropped:
+        reasons.append(ATTRIBUTES_DROPPED)
     is_gen_ai = attrs.get(GEN_AI_OPERATION) == "execute_tool"
     is_oi = attrs.get(OI_KIND) == "TOOL"
     if not (is_gen_ai or is_oi):
-        return SpanFacts(None, frozenset(reasons))
+        return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons))) if reasons else _NOT_A_TOOL
     gen_name = _str(attrs.get(GEN_AI_TOOL_NAME)) if is_gen_ai else None
     oi_name = _str(attrs.get(OI_TOOL_NAME)) if is_oi else None
     if is_gen_ai and is_oi and gen_name != oi_name:
-        reasons.add(CONFLICTING_EVIDENCE)
-        return SpanFacts(None, frozenset(reasons))
+        reasons.append(CONFLICTING_EVIDENCE)
+        return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons)))
     name = gen_name if is_gen_ai else oi_name
     if not name:
         # Some tool ran and we cannot say which: absence of any tool is unprovable.
-        reasons.add(UNNAMED_TOOL)
-        return SpanFacts(None, frozenset(reasons))
+        reasons.append(UNNAMED_TOOL)
+        return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons)))
     if is_gen_ai:
         call_id = _str(attrs.get(GEN_AI_CALL_ID))
         arguments = _str(attrs.get(GEN_AI_ARGUMENTS))
@@ -142,26 +184,52 @@ def normalize_span(span: NeutralSpan) -> SpanFacts:
         call_id = _first(attrs, OI_CALL_IDS)
         arguments = _first(attrs, OI_ARGUMENTS)
         result = _str(attrs.get(OI_RESULT))
-    failed = span.status_code == "error" or bool(attrs.get("error.type"))
+    failed = status_error or bool(attrs.get(ERROR_TYPE))
     if arguments is None:
-        arg_state = CaptureState.ABSENT
-    elif attrs.get(TRUNCATED_FLAG) is True or ATTRIBUTES_DROPPED in reasons:
-        arg_state = CaptureState.TRUNCATED
+        arg_state = _ABSENT
+    elif attrs.get(TRUNCATED_FLAG) is True or dropped:
+        arg_state = _TRUNCATED
     else:
-        arg_state = CaptureState.CAPTURED
+        arg_state = _CAPTURED
+    return _new_rules(
+        SpanRules,
+        (
+            name,
+            call_id or None,
+            arguments,
+            result,
+            arg_state,
+            "gen_ai" if is_gen_ai else "openinference",
+            failed,
+            tuple(sorted(reasons)) if reasons else (),
+        ),
+    )
+
+
+def normalize_span(span: NeutralSpan) -> SpanFacts:
+    """Turn one neutral span into (tool execution | None, coverage reasons)."""
+    r = span_rules(
+        span.attributes,
+        status_error=span.status_code == "error",
+        ended=span.ended,
+        sampled=span.sampled,
+        dropped=span.dropped_attributes_count > 0,
+    )
+    if r.name is None:
+        return SpanFacts(None, frozenset(r.reasons))
     execution = ToolExecution(
-        name=name,
+        name=r.name,
         trace_id=span.trace_id,
         span_id=span.span_id,
-        call_id=call_id or None,
-        status="error" if failed else "ok",
+        call_id=r.call_id,
+        status="error" if r.failed else "ok",
         start_time_unix_nano=span.start_time_unix_nano,
         end_time_unix_nano=span.end_time_unix_nano or 0,
-        arguments=arguments,
-        arguments_state=arg_state,
-        convention="gen_ai" if is_gen_ai else "openinference",
+        arguments=r.arguments,
+        arguments_state=r.arguments_state,
+        convention=r.convention,
     )
-    return SpanFacts(execution, frozenset(reasons), result)
+    return SpanFacts(execution, frozenset(r.reasons), r.result)
 
 
 # --- adapters ---------------------------------------------------------------------------------------
@@ -235,8 +303,44 @@ def otlp_attributes(kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
     return out
 
 
+def fact_attributes(kvs: Sequence[KeyValue], keys: frozenset[str] = FACT_KEYS) -> dict[str, AttrValue]:
+    """Only the attributes named in ``keys``, converted as ``otlp_attributes`` does (a repeated
+    key keeps its last value): what a span fact needs, without converting the rest."""
+    out: dict[str, AttrValue] = {}
+    # A slice, not the container itself: iterating an upb repeated field ends in a formatted
+    # IndexError (about a third of the cost of a 5-attribute loop).
+    for kv in kvs[:]:
+        k = kv.key
+        if k in keys:
+            v = kv.value
+            text = v.string_value  # non-empty only if the value is a string
+            out[k] = text if text else _any_value(v)
+    return out
+
+
 _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)
+
+
+def check_otlp_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> None:
+    """Raise SpanDecodeError unless the ids of an OTLP span are usable."""
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE_ID:
+        raise SpanDecodeError(f"trace_id must be 16 non-zero bytes, got {len(trace_id)} bytes")
+    if len(span_id) != 8 or span_id == _ZERO_SPAN_ID:
+        raise SpanDecodeError(f"span_id must be 8 non-zero bytes, got {len(span_id)} bytes")
+    if parent and len(parent) != 8:
+        raise SpanDecodeError(f"parent_span_id must be 8 bytes, got {len(parent)} bytes")
+
+
+@functools.lru_cache(maxsize=256)  # a handful of distinct values in practice
+def otlp_flags(flags: int) -> tuple[bool, bool]:
+    """(sampled, parent is remote) from OTLP ``Span.flags``."""
+    # Bits 0-7 carry the W3C trace flags when the exporter fills them (many leave them 0):
+    # only a filled-in byte with the sampled bit clear says "unsampled".
+    return (
+        not (flags & 0xFF and not flags & _FLAG_SAMPLED),
+        bool(flags & _FLAG_HAS_IS_REMOTE and flags & _FLAG_IS_REMOTE),
+    )
 
 
 def from_otlp_span(span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] | None = None) -> NeutralSpan:
@@ -245,23 +349,15 @@ def from_otlp_span(span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] 
     trace_id = span.trace_id
     span_id = span.span_id
     parent = span.parent_span_id
-    if len(trace_id) != 16 or trace_id == _ZERO_TRACE_ID:
-        raise SpanDecodeError(f"trace_id must be 16 non-zero bytes, got {len(trace_id)} bytes")
-    if len(span_id) != 8 or span_id == _ZERO_SPAN_ID:
-        raise SpanDecodeError(f"span_id must be 8 non-zero bytes, got {len(span_id)} bytes")
-    if parent and len(parent) != 8:
-        raise SpanDecodeError(f"parent_span_id must be 8 bytes, got {len(parent)} bytes")
-    flags = span.flags
+    check_otlp_ids(trace_id, span_id, parent)
+    sampled, parent_is_remote = otlp_flags(span.flags)
     code = span.status.code  # 0 unset, 1 ok, 2 error
-    # Bits 0-7 carry the W3C trace flags when the exporter fills them (many leave them 0):
-    # only a filled-in byte with the sampled bit clear says "unsampled".
-    sampled = not (flags & 0xFF and not flags & _FLAG_SAMPLED)
     return NeutralSpan(
         trace_id=trace_id.hex(),
         span_id=span_id.hex(),
         name=span.name,
         parent_span_id=parent.hex() if parent else None,
-        parent_is_remote=bool(flags & _FLAG_HAS_IS_REMOTE and flags & _FLAG_IS_REMOTE),
+        parent_is_remote=parent_is_remote,
         start_time_unix_nano=span.start_time_unix_nano,
         end_time_unix_nano=span.end_time_unix_nano or None,
         sampled=sampled,
