@@ -24,12 +24,15 @@ def short_id(hex_id: str) -> str:
         return hex_id  # not a hex id (placeholders): stored as given
 
 
+_FROM_URLSAFE = str.maketrans("-_", "+/")
+
+
 def long_id(short: str) -> str:
     """The inverse of ``short_id``."""
     if len(short) != 11:
         return short
     try:
-        return base64.urlsafe_b64decode(short + "=").hex()
+        return binascii.a2b_base64(short.translate(_FROM_URLSAFE) + "=").hex()
     except (ValueError, binascii.Error):
         return short
 
@@ -97,23 +100,27 @@ def cap_arguments(args: str | None, state: CaptureState, max_argument_bytes: int
 
 
 def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
-    """The inverse of ``pack_execution`` (end time kept to the microsecond)."""
+    """The inverse of ``pack_execution`` (end time kept to the microsecond).
+
+    The values were validated when the span was first seen: rebuilt with ``trusted``.
+    """
     span_id, name, failed, start, dur, code, args = x[:7]
     call_id = x[7] if len(x) > 7 else ""
     conv = x[8] if len(x) > 8 else 0
     state = _CAPTURE_STATES[int(code)]
     begin = int(start)
-    return ToolExecution.model_construct(
-        name=name,
-        trace_id=trace_id,
-        span_id=long_id(span_id),
-        call_id=call_id or None,
-        status="error" if failed else "ok",
-        start_time_unix_nano=begin,
-        end_time_unix_nano=begin + int(dur) * 1000 if int(dur) >= 0 else 0,
-        arguments=args if state is not CaptureState.ABSENT else None,
-        arguments_state=state,
-        convention="openinference" if conv else "gen_ai",
+    micros = int(dur)
+    return ToolExecution.trusted(
+        name,
+        trace_id,
+        long_id(span_id),
+        call_id or None,
+        "error" if failed else "ok",
+        begin,
+        begin + micros * 1000 if micros >= 0 else 0,
+        args if state is not CaptureState.ABSENT else None,
+        state,
+        "openinference" if conv else "gen_ai",
     )
 
 
