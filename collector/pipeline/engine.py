@@ -166,6 +166,9 @@ class Engine:
                     REVISIONS.labels(self.name).inc()
                 final = o.verdict is Verdict.UNDETERMINED or o.trigger == "revision"
                 (finished if final else decided).append(o.expectation)
+                # Decided: off the hot cache (a late-span revision reloads it from Redis). Every
+                # cached expectation is long-lived heap the cyclic collector keeps re-scanning.
+                self.forget(o.expectation.tenant, o.expectation.expectation_id)
         # Noted as unpublished before anything is sent: the sweeper re-sends it if we die now.
         # ... and complete, decided traces get their short life in the same call.
         reclaim = {
