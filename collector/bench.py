@@ -37,11 +37,11 @@ import pickle
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -434,15 +434,8 @@ async def _service(cfg: ServiceConfig, meter: Meter | None = None) -> Any:
     service = ToolwitnessService(cfg)
     if meter is not None:
         service.checkpoint = TimedCheckpoint(service.checkpoint, meter)
-    await asyncio.wait_for(service.start(), timeout=90)
-    task = asyncio.create_task(service.run(), name="bench-service")
-    try:
+    async with service.serving(start_timeout=90):
         yield service
-    finally:
-        service.request_stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, timeout=30)
-        await service.shutdown()
 
 
 async def _registered(redis: Redis, keys: Keys, ids: Sequence[str]) -> int:
@@ -548,20 +541,25 @@ class LatencyResult:
     missing: int = 0
 
 
-def latency_child_main() -> None:
-    """Entry point of the paced-producer process: a pickled LatencyJob on stdin, the result on stdout."""
+_R = TypeVar("_R")
+
+
+def child_main(run: Callable[[Any], Coroutine[Any, Any, Any]]) -> None:
+    """Entry point of a measuring child process: a pickled job on stdin, ``run(job)``'s result on stdout."""
     job = pickle.load(sys.stdin.buffer)  # written by our own parent process
-    result = asyncio.run(_latency_run(job))
+    result = asyncio.run(run(job))
     sys.stdout.buffer.write(pickle.dumps(result))
     sys.stdout.buffer.flush()
 
 
-async def run_latency_process(job: LatencyJob, timeout: float) -> LatencyResult:
-    """Run the paced producer + scores reader in a separate interpreter (not sharing the service's)."""
+async def run_child(entry: str, job: object, expect: type[_R], timeout: float, what: str) -> _R:
+    """Run ``entry`` (``module:function``, a ``child_main`` caller) in a separate interpreter, so
+    the measuring side shares no event loop or CPU time slice with the service; return its result."""
+    module, func = entry.split(":")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        "from collector.bench import latency_child_main; latency_child_main()",
+        f"from {module} import {func}; {func}()",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -573,11 +571,21 @@ async def run_latency_process(job: LatencyJob, timeout: float) -> LatencyResult:
         await proc.wait()
         raise
     if proc.returncode != 0:
-        raise RuntimeError(f"the latency process exited with status {proc.returncode}")
+        raise RuntimeError(f"the {what} process exited with status {proc.returncode}")
     result = pickle.loads(out)  # written by our own child process
-    if not isinstance(result, LatencyResult):
-        raise RuntimeError(f"the latency process returned {type(result).__name__}")
+    if not isinstance(result, expect):
+        raise RuntimeError(f"the {what} process returned {type(result).__name__}")
     return result
+
+
+def latency_child_main() -> None:
+    """The paced producer + scores reader, in its own process (see ``run_latency_process``)."""
+    child_main(_latency_run)
+
+
+async def run_latency_process(job: LatencyJob, timeout: float) -> LatencyResult:
+    """Run the paced producer + scores reader in a separate interpreter (not sharing the service's)."""
+    return await run_child("collector.bench:latency_child_main", job, LatencyResult, timeout, "latency")
 
 
 async def _latency_run(job: LatencyJob) -> LatencyResult:
@@ -990,6 +998,26 @@ def scaling_bound(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
     return {"ratio": ratio, "bound": bound, "cores_busy_2": busy, "cores": cores}
 
 
+async def on_rig(
+    suite: str,
+    bootstrap: str | None,
+    redis_url: str | None,
+    err: Console,
+    run: Callable[[Rig], Awaitable[dict[str, Any]]],
+) -> dict[str, Any] | None:
+    """Run one suite on a fresh ``Rig`` and always clean it up; None (reported on ``err``) if it failed."""
+    rig = Rig(bootstrap, redis_url)
+    try:
+        return await run(rig)
+    except Exception as exc:
+        log.debug("bench %s failed", suite, exc_info=True)
+        err.print(f"toolwitness bench {suite} failed: {type(exc).__name__}: {exc}")
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await rig.cleanup()
+
+
 async def run_pipeline_bench(
     *,
     spans: int = 50000,
@@ -1005,15 +1033,15 @@ async def run_pipeline_bench(
     if spans < TRACE_SPANS or rate < TRACE_SPANS or latency_seconds <= 0:
         raise ValueError(f"need spans >= {TRACE_SPANS}, rate >= {TRACE_SPANS}, latency_seconds > 0")
     out, err = consoles()
-    rig = Rig(bootstrap, redis_url)
-    try:
-        report = await _run(rig, spans, rate, latency_seconds, err, list(instances), profile)
-    except Exception as exc:
-        log.debug("bench failed", exc_info=True)
-        err.print(f"toolwitness bench pipeline failed: {type(exc).__name__}: {exc}")
+    report = await on_rig(
+        "pipeline",
+        bootstrap,
+        redis_url,
+        err,
+        lambda rig: _run(rig, spans, rate, latency_seconds, err, list(instances), profile),
+    )
+    if report is None:
         return 2
-    finally:
-        await rig.cleanup()
     targets = _targets(report, rate)
     return emit(report, targets, _table(report, targets), as_json, out)
 

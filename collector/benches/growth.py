@@ -17,7 +17,6 @@ per-trace work amortised), above it the cost per span grows with the size (super
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import math
 import os
@@ -31,7 +30,15 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from collector.bench import BenchTrace, Rig, _decided_true, drain_in_process, make_traces, prepare_backlog
+from collector.bench import (
+    BenchTrace,
+    Rig,
+    _decided_true,
+    drain_in_process,
+    make_traces,
+    on_rig,
+    prepare_backlog,
+)
 from collector.benches.common import CpuMeter, Target, busy_text, consoles, emit, new_progress, task
 from collector.benches.state import registered
 from collector.processors.trace_state import Keys, TraceStateStore
@@ -202,14 +209,14 @@ async def run_growth_bench(
     if spans < 100 or not sizes or min(sizes) < 2 or max_expectations < 10 or record_spans < 1:
         raise ValueError("need spans >= 100, sizes >= 2, max_expectations >= 10, record_spans >= 1")
     out, err = consoles()
-    rig = Rig(bootstrap, redis_url)
-    try:
-        report = await _run(rig, spans, sorted(sizes), max_expectations, record_spans, err)
-    except Exception as exc:
-        err.print(f"toolwitness bench growth failed: {type(exc).__name__}: {exc}")
+    report = await on_rig(
+        "growth",
+        bootstrap,
+        redis_url,
+        err,
+        lambda rig: _run(rig, spans, sorted(sizes), max_expectations, record_spans, err),
+    )
+    if report is None:
         return 2
-    finally:
-        with contextlib.suppress(Exception):
-            await rig.cleanup()
     targets = _targets(report)
     return emit(report, targets, _table(report, targets), as_json, out)

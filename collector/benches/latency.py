@@ -11,7 +11,6 @@ A load's figures only count as "at that load" if the producer achieved 95 % of i
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from collector.bench import (
     bench_topics,
     latency_at,
     make_traces,
+    on_rig,
 )
 from collector.benches.common import CpuMeter, Target, busy_text, consoles, emit, new_progress, task
 
@@ -138,14 +138,10 @@ async def run_verdict_latency_bench(
     if not rates or min(rates) < TRACE_SPANS or seconds <= 0:
         raise ValueError(f"need rates >= {TRACE_SPANS} spans/s and seconds > 0")
     out, err = consoles()
-    rig = Rig(bootstrap, redis_url)
-    try:
-        report = await _run(rig, sorted(rates), seconds, err)
-    except Exception as exc:
-        err.print(f"toolwitness bench verdict-latency failed: {type(exc).__name__}: {exc}")
+    report = await on_rig(
+        "verdict-latency", bootstrap, redis_url, err, lambda rig: _run(rig, sorted(rates), seconds, err)
+    )
+    if report is None:
         return 2
-    finally:
-        with contextlib.suppress(Exception):
-            await rig.cleanup()
     targets = _targets(report)
     return emit(report, targets, _table(report, targets), as_json, out)

@@ -22,7 +22,6 @@ traces load in seconds rather than minutes. Reclamation runs the real service en
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 import secrets
@@ -48,6 +47,7 @@ from collector.bench import (
     _service,
     drain_in_process,
     make_trace,
+    on_rig,
     prepare_backlog,
 )
 from collector.benches.common import Target, consoles, emit, new_progress, target_rows, task
@@ -454,14 +454,10 @@ async def run_state_bench(
     if traces < 1000 or expectations < 10:
         raise ValueError("need traces >= 1000 and expectations >= 10")
     out, err = consoles()
-    rig = Rig(bootstrap, redis_url)
-    try:
-        report = await _run(rig, traces, expectations, per_tool_traces, err)
-    except Exception as exc:
-        err.print(f"toolwitness bench state failed: {type(exc).__name__}: {exc}")
+    report = await on_rig(
+        "state", bootstrap, redis_url, err, lambda rig: _run(rig, traces, expectations, per_tool_traces, err)
+    )
+    if report is None:
         return 2
-    finally:
-        with contextlib.suppress(Exception):
-            await rig.cleanup()
     targets = _targets(report)
     return emit(report, targets, _table(report, targets), as_json, out)

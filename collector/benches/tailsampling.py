@@ -28,11 +28,9 @@ import contextlib
 import functools
 import math
 import os
-import pickle
 import re
 import signal
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -57,11 +55,14 @@ from collector.bench import (
     TRACE_TOOLS,
     Rig,
     _service,
+    child_main,
     drain_in_process,
     latency_at,
     make_traces,
+    on_rig,
     prepare_backlog,
     producer_kwargs,
+    run_child,
     trace_memory,
 )
 from collector.benches.common import (
@@ -304,10 +305,7 @@ class DecisionResult:
 
 
 def decision_child_main() -> None:
-    job = pickle.load(sys.stdin.buffer)  # written by our own parent process
-    result = asyncio.run(_decision_run(job))
-    sys.stdout.buffer.write(pickle.dumps(result))
-    sys.stdout.buffer.flush()
+    child_main(_decision_run)
 
 
 async def _decision_run(job: DecisionJob) -> DecisionResult:
@@ -379,26 +377,8 @@ async def _decision_run(job: DecisionJob) -> DecisionResult:
 
 
 async def _run_decision_process(job: DecisionJob, timeout: float) -> DecisionResult:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from collector.benches.tailsampling import decision_child_main; decision_child_main()",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(pickle.dumps(job)), timeout=timeout)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"the decision process exited with status {proc.returncode}")
-    result = pickle.loads(out)  # written by our own child process
-    if not isinstance(result, DecisionResult):
-        raise RuntimeError(f"the decision process returned {type(result).__name__}")
-    return result
+    entry = "collector.benches.tailsampling:decision_child_main"
+    return await run_child(entry, job, DecisionResult, timeout, "decision")
 
 
 async def _group_stable(k: KafkaConfig, group: str, timeout: float = 60.0) -> None:
@@ -724,14 +704,15 @@ async def run_vs_tailsampling_bench(
         err.print(f"toolwitness bench vs-tailsampling: the Collector build failed: {build.detail}")
         emit(report, [], _table(report, build, []), as_json, out)
         return 2
-    rig = Rig(bootstrap, redis_url)
-    try:
-        report.update(await _run(rig, build.path, spans, rate, latency_seconds, decision_wait, err))
-    except Exception as exc:
-        err.print(f"toolwitness bench vs-tailsampling failed: {type(exc).__name__}: {exc}")
+    ran = await on_rig(
+        "vs-tailsampling",
+        bootstrap,
+        redis_url,
+        err,
+        lambda rig: _run(rig, build.path, spans, rate, latency_seconds, decision_wait, err),
+    )
+    if ran is None:
         return 2
-    finally:
-        with contextlib.suppress(Exception):
-            await rig.cleanup()
+    report.update(ran)
     targets = _targets(report)
     return emit(report, targets, _table(report, build, targets), as_json, out)

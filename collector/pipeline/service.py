@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -147,6 +148,23 @@ class ToolwitnessService:
 
     def request_stop(self) -> None:
         self._stopping.set()
+
+    @contextlib.asynccontextmanager
+    async def serving(self, *, start_timeout: float | None = None) -> AsyncIterator[asyncio.Task[None]]:
+        """Start, run the poll loop in a task (yielded), and on exit stop it and shut down.
+
+        The in-process way to run the service (tests, benchmarks); ``toolwitness run`` adds
+        signal handling around the same steps.
+        """
+        await asyncio.wait_for(self.start(), timeout=start_timeout)
+        task = asyncio.create_task(self.run(), name=f"service-run-{self.instance}")
+        try:
+            yield task
+        finally:
+            self.request_stop()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=30)
+            await self.shutdown()
 
     async def run(self) -> None:
         """Poll → checkpoint → commit until asked to stop."""

@@ -397,6 +397,17 @@ def summary_table(
 # -- the command -----------------------------------------------------------------------
 
 
+def _progress(console: Console) -> Progress:
+    """The per-scorer progress bar (description, bar, n of total, elapsed)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
 async def _run(
     console: Console,
     factory: ScorerFactory,
@@ -417,13 +428,7 @@ async def _run(
                 if metrics_type not in datasets:
                     datasets[metrics_type] = load_human_labeled_dataset(dataset_pattern, metrics_type)
                 dataset = datasets[metrics_type]
-                with Progress(
-                    TextColumn("[bold]{task.description}"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    console=console,
-                ) as progress:
+                with _progress(console) as progress:
                     task = progress.add_task(name, total=len(dataset.entries) * trials)
                     metrics = await evaluate_async(
                         scorer,
@@ -471,13 +476,7 @@ async def _run_traces(
     for name in names:
         try:
             scorer = build_trace_scorer(definitions, name)
-            with Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-            ) as progress:
+            with _progress(console) as progress:
                 task = progress.add_task(name, total=len(dataset.cases) * trials)
                 metrics = await evaluate_traces_async(
                     scorer,

@@ -110,15 +110,8 @@ def make_agent(cfg: ServiceConfig, tenant: str | None = None) -> Agent:
 @contextlib.asynccontextmanager
 async def running_service(cfg: ServiceConfig) -> AsyncIterator[ToolwitnessService]:
     service = ToolwitnessService(cfg)
-    await service.start()
-    task = asyncio.create_task(service.run())
-    try:
+    async with service.serving():
         yield service
-    finally:
-        service.request_stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, timeout=30)
-        await service.shutdown()
 
 
 @contextlib.asynccontextmanager
@@ -502,15 +495,8 @@ class ServiceProcess:
 async def service_and_task(cfg: ServiceConfig) -> AsyncIterator[tuple[ToolwitnessService, asyncio.Task[None]]]:
     """Like ``running_service``, but also yields the poll-loop task (so a test can see it end)."""
     service = ToolwitnessService(cfg)
-    await service.start()
-    task = asyncio.create_task(service.run(), name=f"service-run-{service.instance}")
-    try:
+    async with service.serving() as task:
         yield service, task
-    finally:
-        service.request_stop()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(task, timeout=30)
-        await service.shutdown()
 
 
 @contextlib.asynccontextmanager
@@ -521,15 +507,8 @@ async def running_service_prepared(
     (e.g. ``lambda s: BatchLog(s).install()`` so that not even the first batch is missed)."""
     service = ToolwitnessService(cfg)
     prepare(service)
-    await service.start()
-    task = asyncio.create_task(service.run())
-    try:
+    async with service.serving():
         yield service
-    finally:
-        service.request_stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, timeout=30)
-        await service.shutdown()
 
 
 async def create_topic(bootstrap: str, name: str, partitions: int, configs: Mapping[str, str]) -> None:
