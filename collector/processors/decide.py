@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from collector.config import CompletionConfig, ScorerTreeConfig, ServiceConfig
 from collector.processors.normalize import unpack_execution
 from collector.processors.trace_state import TraceState
 from collector.wire.convert import (
     RegisteredExpectation,
-    coverage_to_proto,
     observation_to_proto,
-    scope_to_proto,
     score_id_for,
+    set_timestamp,
 )
 from collector.wire.gen import common_pb2, score_pb2
 from scoring.models import (
@@ -47,6 +46,9 @@ _STATUS = {
     Verdict.FALSE: common_pb2.SCORE_STATUS_FALSE,
     Verdict.UNDETERMINED: common_pb2.SCORE_STATUS_UNDETERMINED,
 }
+
+
+_ZERO = timedelta(0)
 
 
 def build_tree(cfg: ScorerTreeConfig, path: str = "scorers") -> Scorer:
@@ -198,25 +200,29 @@ class Decider:
         now: datetime,
     ) -> Outcome:
         sid = score_id_for(exp.expectation_id, version)
-        if not observation.observation_id:
-            observation = observation.model_copy(update={"observation_id": observation.content_hash()})
+        # The id is computed here, once, for the observations that get published (not by copying
+        # the model); the event shares the observation's coverage message.
+        oid = observation.observation_id or observation.content_hash()
+        obs = observation_to_proto(observation)
+        obs.observation_id = oid
         ev = score_pb2.ScoreEvent(
             score_id=sid,
             expectation_id=exp.expectation_id,
             version=version,
             tenant=exp.tenant,
-            scope=scope_to_proto(exp.scope),
+            scope=obs.scope,
             scorer=exp.scorer,
             scorer_identity=self.identities.get(exp.scorer, ""),
             status=_STATUS[verdict],
             value="" if verdict is Verdict.UNDETERMINED else verdict.value,
             rationale=rationale,
-            coverage=coverage_to_proto(observation.coverage),
-            observation_ids=[observation.observation_id],
+            coverage=obs.coverage,
+            observation_ids=[oid],
             metadata=meta,
             trigger=trigger,
         )
-        ev.decided_at.FromDatetime(now)
-        created = datetime.fromtimestamp(exp.created_ms / 1000, UTC)
-        ev.time_to_verdict.FromTimedelta(max(now - created, now - now))
-        return Outcome(exp, verdict, version, sid, ev, observation_to_proto(observation), trigger)
+        set_timestamp(ev.decided_at, now)
+        ttv = max(now - datetime.fromtimestamp(exp.created_ms / 1000, UTC), _ZERO)
+        ev.time_to_verdict.seconds = ttv.days * 86_400 + ttv.seconds
+        ev.time_to_verdict.nanos = ttv.microseconds * 1000
+        return Outcome(exp, verdict, version, sid, ev, obs, trigger)

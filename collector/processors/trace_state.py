@@ -22,10 +22,13 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from collector.config import ServiceConfig
+from collector.processors.resp import Arg, Commands, InFlight, execute, send
 from collector.telemetry.metrics import DROPPED
 from collector.wire.convert import RegisteredExpectation
 
 SEP = "\x1f"
+#: traces per apply round trip; a batch keeps all of its round trips in flight at once.
+APPLY_CHUNK = 64
 
 
 def _lua(name: str) -> str:
@@ -204,11 +207,15 @@ class TraceStateStore:
         self._claim = self.redis.register_script(_CLAIM_LUA)
         self._release = self.redis.register_script(_RELEASE_LUA)
         # Load them now so a broken script fails start-up, not the first batch.
-        for script in (self._apply, self._mark, self._decide, self._claim, self._release):
+        for script in (self._apply, self._mark, self._decide, self._index, self._claim, self._release):
             script.sha = await self.redis.script_load(script.script)
 
     async def shutdown(self) -> None:
         return None
+
+    async def _execute(self, cmds: Commands) -> list[Any]:
+        """The hot path's round trips (apply, decide, settle, publish): see ``resp``."""
+        return await execute(self.redis, cmds, self.cfg.redis.socket_timeout_seconds)
 
     async def apply(
         self, groups: dict[tuple[str, str], list[dict[str, Any]]], watermark_ms: int
@@ -219,41 +226,56 @@ class TraceStateStore:
             return {}
         lim = self.cfg.limits
         inferred = "1" if self.cfg.completion.mode == "inferred" else "0"
-        keys = list(groups)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for tenant, trace in keys:
-                await self._apply(
-                    keys=[self.k.state(tenant, trace)],
-                    args=[
-                        self.ttl_ms,
-                        json.dumps(groups[(tenant, trace)], separators=(",", ":")),
-                        lim.max_spans_per_trace,
-                        lim.max_tool_executions_per_trace,
-                        watermark_ms,
-                        self.cfg.completion.allowed_lateness_ms,
-                        inferred,
-                    ],
-                    client=pipe,
-                )
-            raw = await pipe.execute()
-        out: dict[tuple[str, str], ApplyResult] = {}
-        for key, r in zip(keys, raw, strict=True):
-            d = json.loads(r)
-            if d.get("ds"):
-                DROPPED.labels(self.name, "max_spans_per_trace").inc(int(d["ds"]))
-            if d.get("dx"):
-                DROPPED.labels(self.name, "max_tool_executions_per_trace").inc(int(d["dx"]))
-            out[key] = ApplyResult(
-                new_spans=int(d["new"]),
-                span_count=int(d["n"]),
-                late=bool(d["late"]),
-                root_end_ms=int(d["root_end"]),
-                pending=list(d["pend"] or []),
-                decided=list(d["dec"] or []),
-                new_sessions=list(d["sess"] or []),
-                state=TraceState.from_json(d["state"]) if d["state"] else None,
-            )
+        timeout = self.cfg.redis.socket_timeout_seconds
+        # Several round trips in flight: Redis runs one chunk's scripts while this process packs
+        # the next and parses the replies of the previous one.
+        chunks = [list(groups)[i : i + APPLY_CHUNK] for i in range(0, len(groups), APPLY_CHUNK)]
+        inflight: list[InFlight] = []
+        try:
+            for chunk in chunks:
+                cmds = Commands()
+                for tenant, trace in chunk:
+                    cmds.evalsha(
+                        self._apply,
+                        [self.k.state(tenant, trace)],
+                        [
+                            self.ttl_ms,
+                            json.dumps(groups[(tenant, trace)], separators=(",", ":")),
+                            lim.max_spans_per_trace,
+                            lim.max_tool_executions_per_trace,
+                            watermark_ms,
+                            self.cfg.completion.allowed_lateness_ms,
+                            inferred,
+                        ],
+                    )
+                inflight.append(await send(self.redis, cmds, timeout))
+            out: dict[tuple[str, str], ApplyResult] = {}
+            for i, chunk in enumerate(chunks):
+                raw = await inflight[i].replies()
+                for key, r in zip(chunk, raw, strict=True):
+                    out[key] = self._applied(r)
+        except BaseException:
+            for f in inflight:
+                await f.abandon()  # no-op for those already read
+            raise
         return out
+
+    def _applied(self, r: bytes) -> ApplyResult:
+        d = json.loads(r)
+        if d.get("ds"):
+            DROPPED.labels(self.name, "max_spans_per_trace").inc(int(d["ds"]))
+        if d.get("dx"):
+            DROPPED.labels(self.name, "max_tool_executions_per_trace").inc(int(d["dx"]))
+        return ApplyResult(
+            new_spans=int(d["new"]),
+            span_count=int(d["n"]),
+            late=bool(d["late"]),
+            root_end_ms=int(d["root_end"]),
+            pending=list(d["pend"] or []),
+            decided=list(d["dec"] or []),
+            new_sessions=list(d["sess"] or []),
+            state=TraceState.from_json(d["state"]) if d["state"] else None,
+        )
 
     async def index_sessions(self, items: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
         """Record trace→session links; return the pending expectation ids of each session."""
@@ -345,10 +367,10 @@ class TraceStateStore:
     async def load_states(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], TraceState | None]:
         if not keys:
             return {}
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for tenant, trace in keys:
-                pipe.get(self.k.state(tenant, trace))
-            raw = await pipe.execute()
+        cmds = Commands()
+        for tenant, trace in keys:
+            cmds.add("GET", self.k.state(tenant, trace))
+        raw = await self._execute(cmds)
         return {k: (TraceState.from_json(r) if r is not None else None) for k, r in zip(keys, raw, strict=True)}
 
     async def session_traces(self, tenant: str, session_id: str) -> list[str]:
@@ -371,27 +393,27 @@ class TraceStateStore:
         assert self._decide is not None
         if not items:
             return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for it in items:
-                await self._decide(
-                    keys=[self.k.decision(it.tenant, it.expectation_id)],
-                    args=[it.version, it.score_id, it.event, it.observation, it.verdict, self.ttl_ms],
-                    client=pipe,
-                )
-            raw = await pipe.execute()
+        cmds = Commands()
+        for it in items:
+            cmds.evalsha(
+                self._decide,
+                [self.k.decision(it.tenant, it.expectation_id)],
+                [it.version, it.score_id, it.event, it.observation, it.verdict, self.ttl_ms],
+            )
+        raw = await self._execute(cmds)
         out = [
             Decision(bool(r[0]), int(r[1]), it.score_id, it.event, it.observation, int(r[2] or 0) == 1, it.verdict)
             for it, r in zip(items, raw, strict=True)
         ]
         stale = [i for i, d in enumerate(out) if not d.won and not d.published]
         if stale:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for i in stale:
-                    it = items[i]
-                    pipe.hmget(self.k.decision(it.tenant, it.expectation_id), ["sid", "ev", "ob", "verdict"])
-                for i, cur in zip(stale, await pipe.execute(), strict=True):
-                    d = out[i]
-                    out[i] = Decision(False, d.version, _s(cur[0]), _b(cur[1]), _b(cur[2]), False, _s(cur[3]))
+            cmds = Commands()
+            for i in stale:
+                it = items[i]
+                cmds.add("HMGET", self.k.decision(it.tenant, it.expectation_id), "sid", "ev", "ob", "verdict")
+            for i, cur in zip(stale, await self._execute(cmds), strict=True):
+                d = out[i]
+                out[i] = Decision(False, d.version, _s(cur[0]), _b(cur[1]), _b(cur[2]), False, _s(cur[3]))
         return out
 
     async def settle(
@@ -422,18 +444,21 @@ class TraceStateStore:
                 if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
                     sessions.append((exp.tenant, exp.scope.session_id, exp.expectation_id))
         ms = self.cfg.redis.completed_ttl_seconds * 1000
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(self.k.unpublished, dict.fromkeys(members, now_ms))
-            for (op, tenant, trace), ids in by_trace.items():
-                await self._index(
-                    keys=[self.k.state(tenant, trace)],
-                    args=[self.ttl_ms, op, ms if (tenant, trace) in shorten else 0, *ids],
-                    client=pipe,
-                )
-            for tenant, session, exp_id in sessions:
-                pipe.srem(self.k.session_pending(tenant, session), exp_id)
-            pipe.zrem(self.k.deadlines, *members)
-            await pipe.execute()
+        cmds = Commands()
+        zadd: list[Arg] = ["ZADD", self.k.unpublished]
+        for m in members:
+            zadd += (now_ms, m)
+        cmds.add(*zadd)
+        for (op, tenant, trace), ids in by_trace.items():
+            cmds.evalsha(
+                self._index,
+                [self.k.state(tenant, trace)],
+                [self.ttl_ms, op, ms if (tenant, trace) in shorten else 0, *ids],
+            )
+        for tenant, session, exp_id in sessions:
+            cmds.add("SREM", self.k.session_pending(tenant, session), exp_id)
+        cmds.add("ZREM", self.k.deadlines, *members)
+        await self._execute(cmds)
 
     async def reclaim(self, traces: Sequence[tuple[str, str]]) -> None:
         """Shorten the life of complete, decided traces' state (never lengthen it: PEXPIRE LT)."""
@@ -462,11 +487,11 @@ class TraceStateStore:
         """Step 4: mark decisions published so the sweeper does not re-send them."""
         if not items:
             return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for tenant, exp_id in items:
-                pipe.hset(self.k.decision(tenant, exp_id), "pub", 1)
-            pipe.zrem(self.k.unpublished, *(member(t, i) for t, i in items))
-            await pipe.execute()
+        cmds = Commands()
+        for tenant, exp_id in items:
+            cmds.add("HSET", self.k.decision(tenant, exp_id), "pub", 1)
+        cmds.add("ZREM", self.k.unpublished, *(member(t, i) for t, i in items))
+        await self._execute(cmds)
 
     async def await_watermark(self, items: Sequence[tuple[str, str, int]]) -> None:
         """Traces whose completion now depends on the event-time watermark reaching ``at``."""

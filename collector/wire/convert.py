@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
+from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import ValidationError
 
 from collector.wire.gen import common_pb2, control_pb2, score_pb2
@@ -346,8 +347,18 @@ def observation_to_proto(o: Observation) -> score_pb2.Observation:
         acquisition=_ACQ[o.acquisition],
         normalization_version=o.normalization_version,
     )
-    msg.captured_at.FromDatetime(o.captured_at)
+    set_timestamp(msg.captured_at, o.captured_at)
     return msg
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def set_timestamp(ts: Timestamp, dt: datetime) -> None:
+    """``ts.FromDatetime(dt)`` for an aware ``dt``, exact to the microsecond, without its time tuple."""
+    d = (dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)) - _EPOCH
+    ts.seconds = d.days * 86_400 + d.seconds
+    ts.nanos = d.microseconds * 1000
 
 
 def observation_from_proto(p: score_pb2.Observation) -> Observation:

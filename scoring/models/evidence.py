@@ -172,8 +172,22 @@ class Observation(_Frozen):
         return self
 
     def content_hash(self) -> str:
-        body = self.model_dump(mode="json", exclude={"observation_id", "captured_at"})
-        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+        return hashlib.sha256(canonical_json(self._content()).encode()).hexdigest()
+
+    def _content(self) -> dict[str, object]:
+        """What the id covers, as ``model_dump(mode="json")`` gives it minus ``observation_id`` and
+        ``captured_at``; built from the fields directly (the streaming service hashes every
+        observation it publishes). Executions and coverage have only plain, None and str-enum
+        values, which JSON writes as ``model_dump(mode="json")`` does; the differential test
+        ``tests/unit/scoring/test_observation_id.py`` holds the two equal."""
+        c = self.coverage
+        return {
+            "scorable": self.scorable.model_dump(mode="json"),
+            "tool_executions": [e.__dict__ for e in self.tool_executions],
+            "coverage": {"complete": c.complete, "reasons": c.reasons, "source": c.source},
+            "acquisition": self.acquisition,
+            "normalization_version": self.normalization_version,
+        }
 
     @property
     def available(self) -> bool:

@@ -1,0 +1,116 @@
+"""The observation id: ``content_hash`` builds its body from the fields directly; it must stay
+exactly the SHA-256 of the canonical JSON of ``model_dump(mode="json")`` (the published ids,
+and every consumer's tamper check, depend on it)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scoring.models import (
+    Acquisition,
+    CompletionSource,
+    Coverage,
+    MessageScorable,
+    Observation,
+    SessionScorable,
+    ToolExecution,
+    TraceScorable,
+)
+from scoring.models.evidence import CaptureState, canonical_json
+from scoring.models.scorables import ContentScorable
+
+# Unicode beyond ASCII, quotes, backslashes and control characters: the JSON writer's hard cases.
+_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=24)
+_id = st.text(alphabet="0123456789abcdef", min_size=1, max_size=32)
+_trace = st.text(alphabet="0123456789abcdef", min_size=32, max_size=32).filter(lambda t: t.strip("0"))
+
+_execution = st.builds(
+    ToolExecution,
+    name=st.text(min_size=1, max_size=20),
+    trace_id=_text,
+    span_id=_text,
+    call_id=st.none() | _text,
+    status=st.sampled_from(["ok", "error", "unset"]),
+    start_time_unix_nano=st.integers(min_value=0, max_value=2**63 - 1),
+    end_time_unix_nano=st.integers(min_value=0, max_value=2**63 - 1),
+    arguments=st.none() | _text,
+    arguments_state=st.sampled_from(list(CaptureState)),
+    convention=st.sampled_from(["gen_ai", "openinference"]),
+)
+_trusted = _execution.map(lambda e: ToolExecution.trusted(**e.__dict__))
+_coverage = st.one_of(
+    st.sampled_from(list(CompletionSource)).map(Coverage.completed),
+    st.lists(
+        st.sampled_from(["awaiting_completion", "late_span_after_completion", "orphan_parent", "z", "a"]), min_size=1
+    ).map(lambda r: Coverage.incomplete(*r)),
+)
+_scope = st.one_of(
+    st.lists(_trace, min_size=1, max_size=3).map(lambda ids: TraceScorable(trace_ids=tuple(ids))),
+    _id.map(lambda s: SessionScorable(session_id=s)),
+    st.builds(
+        MessageScorable,
+        message_id=_id,
+        conversation_id=_text,
+        trace_ids=st.none() | st.lists(_trace, max_size=2).map(tuple),
+        response_text=st.none() | _text,
+    ),
+)
+
+
+def reference_hash(o: Observation) -> str:
+    """The definition: model_dump(mode="json") without the id and capture time, canonical JSON, SHA-256."""
+    body = o.model_dump(mode="json", exclude={"observation_id", "captured_at"})
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+@settings(max_examples=400)
+@given(
+    scope=_scope,
+    executions=st.lists(_execution | _trusted, max_size=6),
+    coverage=_coverage,
+    acquisition=st.sampled_from(list(Acquisition)),
+)
+def test_content_hash_is_the_hash_of_the_canonical_dump(
+    scope: Any, executions: list[ToolExecution], coverage: Coverage, acquisition: Acquisition
+) -> None:
+    o = Observation(scorable=scope, tool_executions=tuple(executions), coverage=coverage, acquisition=acquisition)
+    assert o.content_hash() == reference_hash(o)
+    assert o.observation_id == reference_hash(o)
+    built = Observation.model_construct(
+        observation_id="",
+        scorable=scope,
+        tool_executions=tuple(executions),
+        coverage=coverage,
+        acquisition=acquisition,
+        normalization_version="1",
+        captured_at=o.captured_at,
+    )
+    assert built.content_hash() == o.observation_id
+
+
+def test_content_scorable_and_content_fields_covered() -> None:
+    # Every field but the id and capture time is covered: a field added to Observation must be
+    # added to _content too, or its value would not change the id.
+    o = Observation(scorable=ContentScorable(text="hi"))
+    assert set(o._content()) == set(Observation.model_fields) - {"observation_id", "captured_at"}
+    assert o.content_hash() == reference_hash(o)
+
+
+def test_an_argument_change_changes_the_id() -> None:
+    e = ToolExecution(name="t", arguments='{"a":1}', arguments_state=CaptureState.CAPTURED)
+    a = Observation(scorable=SessionScorable(session_id="s"), tool_executions=(e,))
+    b = Observation(
+        scorable=SessionScorable(session_id="s"), tool_executions=(e.model_copy(update={"arguments": '{"a":2}'}),)
+    )
+    assert a.observation_id != b.observation_id
+
+
+def test_a_tampered_id_is_refused() -> None:
+    o = Observation(scorable=SessionScorable(session_id="s"))
+    with pytest.raises(ValueError, match="does not match"):
+        Observation(observation_id="0" * 64, scorable=o.scorable, captured_at=o.captured_at)
