@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 from collector.client import kafka_security_kwargs as security_kwargs
 from collector.config import KafkaConfig
 from collector.exporters.base import ExportError
+from collector.exporters.partition import KeyPartitioner
 from collector.telemetry.metrics import DLQ_RECORDS, EXPORT_FAILURES
 
 log = logging.getLogger("toolwitness.exporter.kafka")
@@ -57,6 +58,7 @@ class KafkaExporter:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
+            partitioner=KeyPartitioner(),
             max_request_size=max(1048576, DLQ_PREVIEW_BYTES * 4),
             request_timeout_ms=self.cfg.request_timeout_ms,
             **kafka_security_kwargs(self.cfg),

@@ -260,8 +260,8 @@ class TraceStateStore:
             raise
         return out
 
-    def _applied(self, r: bytes) -> ApplyResult:
-        d = json.loads(r)
+    def _applied(self, r: list[bytes]) -> ApplyResult:
+        d = json.loads(r[0])
         if d.get("ds"):
             DROPPED.labels(self.name, "max_spans_per_trace").inc(int(d["ds"]))
         if d.get("dx"):
@@ -274,7 +274,7 @@ class TraceStateStore:
             pending=list(d["pend"] or []),
             decided=list(d["dec"] or []),
             new_sessions=list(d["sess"] or []),
-            state=TraceState.from_json(d["state"]) if d["state"] else None,
+            state=TraceState.from_json(r[1]) if r[1] else None,
         )
 
     async def index_sessions(self, items: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:

@@ -4,8 +4,9 @@
 -- ARGV[5] global watermark ms  ARGV[6] allowed lateness ms  ARGV[7] inferred completion (1/0)
 -- Span fact: {i=span id, p=parent id or "", r=parent remote 0/1, e=end ms (0 = not ended),
 --             f={reasons...}, x=execution array or false, s=session id or ""}
--- Returns JSON {new, ds (spans dropped by the limit), dx (executions dropped), n, late, root_end,
---   pend=[...], dec=[...] (only when late), sess=[...], state=<json or "">}
+-- Returns {summary, state}: summary JSON {new, ds (spans dropped by the limit), dx (executions
+--   dropped), n, late, root_end, pend=[...], dec=[...] (only when late), sess=[...]}; state the
+--   trace's state JSON when it has pending or (late) decided expectations, else ""
 local raw = redis.call('GET', KEYS[1])
 local st
 if raw then
@@ -80,5 +81,6 @@ local dec = {}
 if st.l == 1 then dec = keys_of(st.de) end
 local out_state = ''
 if #pend > 0 or #dec > 0 then out_state = encoded end
-return cjson.encode({new = added, ds = dropped_spans, dx = dropped_execs, n = st.n, late = st.l, root_end = root_end,
-  pend = pend, dec = dec, sess = new_sessions, state = out_state})
+-- The state goes back as its own reply element: not re-encoded (escaped) inside the summary.
+return {cjson.encode({new = added, ds = dropped_spans, dx = dropped_execs, n = st.n, late = st.l,
+  root_end = root_end, pend = pend, dec = dec, sess = new_sessions}), out_state}
