@@ -38,12 +38,16 @@ async def test_bench_pipeline_smoke(kafka_bootstrap: str, redis_url: str, capsys
 
     assert report["spans"] == 2000 and report["traces"] == 80
     assert report["floor"]["spans"] == 2000 and report["floor"]["spans_per_s"] > 0
+    assert report["floor_after"]["spans"] == 2000 and report["normalized"]["spans"] == 2000
+    mean = (report["floor"]["spans_per_s"] + report["floor_after"]["spans_per_s"]) / 2
+    assert report["floor_mean_spans_per_s"] == mean
+    assert report["ratio_ceiling"] == report["normalized"]["spans_per_s"] / mean
     e2e = report["e2e"]
     assert e2e["spans"] == 2000 and e2e["spans_per_s"] > 0
     assert e2e["decided_true"] == e2e["expectations"] == 80  # one expectation per trace, all decided
     assert e2e["offsets_committed"] is True
     assert e2e["cpu"]["busy"]["bench"] > 0
-    assert report["ratio"] > 0
+    assert report["ratio"] == e2e["spans_per_s"] / mean > 0
 
     lat = report["latency"]
     assert lat["traces"] == 80 and lat["achieved_rate"] > 0
