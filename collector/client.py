@@ -9,8 +9,11 @@ Everything goes through Kafka (the wire contract in ``proto/toolwitness/v1``):
 expectations, completion markers and cancels are ``ControlMessage`` records on the control
 topic; scores are read back from the scores topic by a background consumer that is
 positioned at the end of every partition *before* ``start()`` returns, so a score for an
-expectation sent after ``start()`` can never be missed. Score events are deduplicated by
-``score_id`` (the service may re-send identical events after a crash).
+expectation sent after ``start()`` can never be missed. Partitions added to the scores topic
+later are noticed within ``metadata_max_age_ms`` and read from their start, and the others
+resume where the client stopped reading (not where a re-assignment would reset them).
+Score events are deduplicated by ``score_id`` (the service may re-send identical events after
+a crash); only the client's own tenant's are kept and yielded unless ``all_tenants``.
 
 Every network await is bounded by a timeout.
 """
@@ -27,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
@@ -360,6 +363,8 @@ class ToolwitnessClient:
         create_topics: bool = True,
         partitions: int = DEFAULT_PARTITIONS,
         fetch_max_wait_ms: int = 20,
+        metadata_max_age_ms: int = 30_000,
+        all_tenants: bool = False,
     ) -> None:
         if not tenant:
             raise ValueError("tenant must not be empty")
@@ -375,6 +380,12 @@ class ToolwitnessClient:
             raise ValueError(f"fetch_max_wait_ms must be 1..60000, got {fetch_max_wait_ms}")
         #: the scores consumer's fetch wait: it bounds how long a published score can sit unread.
         self._fetch_max_wait_ms = fetch_max_wait_ms
+        if not 100 <= metadata_max_age_ms <= 3_600_000:
+            raise ValueError(f"metadata_max_age_ms must be 100..3600000, got {metadata_max_age_ms}")
+        #: how soon partitions added to the scores topic are noticed (and read from their start).
+        self._metadata_max_age_ms = metadata_max_age_ms
+        #: False: only this client's tenant's scores are kept and yielded (others are counted).
+        self._all_tenants = all_tenants
         self._create_topics = create_topics
         self._partitions = partitions
         self._kafka_kwargs = kafka_security_kwargs(security)
@@ -391,6 +402,11 @@ class ToolwitnessClient:
         self._seen: set[str] = set()
         self._duplicates = 0
         self._undecodable = 0
+        self._other_tenants = 0
+        #: the next offset to read per scores partition, as far as this client has read: what a
+        #: new assignment (partitions added to the topic) resumes from, so nothing is skipped.
+        self._positions: dict[TopicPartition, int] = {}
+        self._assigned: frozenset[TopicPartition] = frozenset()
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._subscribers: list[asyncio.Queue[score_pb2.ScoreEvent | None]] = []
 
@@ -458,8 +474,11 @@ class ToolwitnessClient:
                     client_id=f"{self._client_id}-scores",
                     group_id=None,
                     enable_auto_commit=False,
+                    # What aiokafka falls back to for a partition without a position: the end. A
+                    # re-assignment (partitions added) is repositioned explicitly (``_follow``).
                     auto_offset_reset="latest",
                     fetch_max_wait_ms=self._fetch_max_wait_ms,
+                    metadata_max_age_ms=self._metadata_max_age_ms,
                     request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
                     **self._kafka_kwargs,
                 )
@@ -471,8 +490,8 @@ class ToolwitnessClient:
                     # Pin the position of every partition at its current end NOW, before any
                     # expectation can be sent, so no score for it can be missed.
                     await self._consumer.seek_to_end(*assigned)
-                    for tp in assigned:
-                        await self._consumer.position(tp)
+                    self._positions = {tp: await self._consumer.position(tp) for tp in assigned}
+                    self._assigned = frozenset(assigned)
             except BaseException:
                 await self._close_clients()
                 raise
@@ -597,6 +616,11 @@ class ToolwitnessClient:
         return self._duplicates
 
     @property
+    def other_tenants(self) -> int:
+        """Score events of other tenants on the shared scores topic (skipped unless ``all_tenants``)."""
+        return self._other_tenants
+
+    @property
     def undecodable(self) -> int:
         """Records on the scores topic that were not a ScoreEvent (skipped)."""
         return self._undecodable
@@ -634,9 +658,33 @@ class ToolwitnessClient:
             if failing:
                 log.info("reading scores from %s recovered", self.topics.scores)
                 failing = False
-            for records in batch.values():
+            assigned = self._consumer.assignment()
+            if assigned != self._assigned:
+                # Partitions were added: aiokafka re-assigned every partition and resets the old
+                # ones' positions too. This batch may have been read from reset positions: drop
+                # it and resume each known partition where this client stopped reading.
+                await self._follow(assigned)
+                continue
+            for tp, records in batch.items():
                 for record in records:
                     self._ingest(record.value)
+                if records:
+                    self._positions[tp] = records[-1].offset + 1
+
+    async def _follow(self, assigned: set[TopicPartition]) -> None:
+        added = assigned - self._assigned
+        # A partition that appeared after start() holds only records newer than this client:
+        # from its first offset (explicitly: what this dropped batch read from it is re-read).
+        if added:
+            self._positions.update(await self._consumer.beginning_offsets(list(added)))
+        for tp in assigned:
+            self._consumer.seek(tp, self._positions[tp])
+        log.info(
+            "scores topic %s: partitions %s added; reading them from their start",
+            self.topics.scores,
+            sorted(tp.partition for tp in added),
+        )
+        self._assigned = frozenset(assigned)
 
     def _ingest(self, value: bytes | None) -> None:
         if value is None:
@@ -650,6 +698,9 @@ class ToolwitnessClient:
         if not ev.expectation_id:
             self._undecodable += 1
             log.warning("skipping a score event without expectation_id on %s", self.topics.scores)
+            return
+        if not self._all_tenants and ev.tenant != self.tenant:
+            self._other_tenants += 1
             return
         sid = ev.score_id or score_id_for(ev.expectation_id, ev.version)
         if sid in self._seen:

@@ -27,7 +27,7 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -393,6 +393,68 @@ async def test_scores_sent_before_start_are_not_seen(kafka_bootstrap: str, topic
                 await producer.send_and_wait(topics.scores, value=encode(fresh, "protobuf"), partition=1)
                 assert await tw.wait_for("fresh-expectation", timeout=TIMEOUT_S) == fresh
                 assert tw.events("old-expectation") == []
+        finally:
+            await producer.stop()
+
+
+async def test_partitions_added_to_the_scores_topic_are_read_from_their_start_and_the_rest_resume(
+    kafka_bootstrap: str, topics: TopicsConfig, kafka_admin: AIOKafkaAdminClient
+) -> None:
+    before = score_event("before-start")
+    async with asyncio.timeout(TIMEOUT_S):
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topics.scores, value=encode(before, "protobuf"), partition=1)
+            async with ToolwitnessClient(
+                bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, metadata_max_age_ms=300
+            ) as tw:
+                first = score_event("first")
+                await producer.send_and_wait(topics.scores, value=encode(first, "protobuf"), partition=0)
+                assert await tw.wait_for("first", timeout=TIMEOUT_S) == first
+
+                await kafka_admin.create_partitions({topics.scores: NewPartitions(total_count=6)})
+                # Scores on every partition, the two new ones included, before the client can have
+                # noticed them: those on 4 and 5 are older than the client's first look at them.
+                await producer.client.force_metadata_update()
+                sent = {p: score_event(f"after-{p}") for p in range(6)}
+                for p, ev in sent.items():
+                    await producer.send_and_wait(topics.scores, value=encode(ev, "protobuf"), partition=p)
+                for p, ev in sent.items():
+                    assert await tw.wait_for(f"after-{p}", timeout=TIMEOUT_S) == ev
+                assert len(tw._consumer.assignment()) == 6
+                # the re-assignment did not rewind the old partitions to their start either
+                assert tw.events("before-start") == []
+                assert tw.events("first") == [first] and tw.duplicates == 0
+        finally:
+            await producer.stop()
+
+
+async def test_other_tenants_scores_are_counted_not_kept_unless_asked(
+    kafka_bootstrap: str, topics: TopicsConfig
+) -> None:
+    mine, theirs = score_event("mine"), score_event("theirs")
+    theirs.tenant = "globex"
+    async with asyncio.timeout(TIMEOUT_S):
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            async with (
+                ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as acme,
+                ToolwitnessClient(
+                    bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, all_tenants=True
+                ) as everyone,
+            ):
+                # the same partition, theirs first: once mine is read, theirs has been handled
+                await producer.send_and_wait(topics.scores, value=encode(theirs, "protobuf"), partition=3)
+                await producer.send_and_wait(topics.scores, value=encode(mine, "protobuf"), partition=3)
+                assert await acme.wait_for("mine", timeout=TIMEOUT_S) == mine
+                assert acme.events("theirs") == [] and acme.other_tenants == 1
+                stream = acme.scores()
+                assert await anext(stream) == mine  # theirs never reaches a subscriber
+                await stream.aclose()
+                assert await everyone.wait_for("mine", timeout=TIMEOUT_S) == mine
+                assert everyone.events("theirs") == [theirs] and everyone.other_tenants == 0
         finally:
             await producer.stop()
 
