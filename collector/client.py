@@ -13,7 +13,8 @@ expectation sent after ``start()`` can never be missed. Partitions added to the 
 later are noticed within ``metadata_max_age_ms`` and read from their start, and the others
 resume where the client stopped reading (not where a re-assignment would reset them).
 Score events are deduplicated by ``score_id`` (the service may re-send identical events after
-a crash); only the client's own tenant's are kept and yielded unless ``all_tenants``.
+a crash); only the client's own tenant's are kept and yielded unless ``all_tenants``, and at
+most ``max_retained`` of them (the oldest arrivals are forgotten first).
 
 Every network await is bounded by a timeout.
 """
@@ -25,6 +26,7 @@ import contextlib
 import logging
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -365,6 +367,7 @@ class ToolwitnessClient:
         fetch_max_wait_ms: int = 20,
         metadata_max_age_ms: int = 30_000,
         all_tenants: bool = False,
+        max_retained: int = 100_000,
     ) -> None:
         if not tenant:
             raise ValueError("tenant must not be empty")
@@ -386,6 +389,11 @@ class ToolwitnessClient:
         self._metadata_max_age_ms = metadata_max_age_ms
         #: False: only this client's tenant's scores are kept and yielded (others are counted).
         self._all_tenants = all_tenants
+        if max_retained < 1:
+            raise ValueError(f"max_retained must be >= 1, got {max_retained}")
+        #: distinct score events kept (for events/latest/wait_for, replay to new subscribers and
+        #: de-duplication); the oldest arrivals are forgotten first, so memory stays bounded.
+        self._max_retained = max_retained
         self._create_topics = create_topics
         self._partitions = partitions
         self._kafka_kwargs = kafka_security_kwargs(security)
@@ -398,8 +406,9 @@ class ToolwitnessClient:
         self._start_lock = asyncio.Lock()
 
         self._events: dict[str, list[score_pb2.ScoreEvent]] = {}
-        self._arrived: list[score_pb2.ScoreEvent] = []
-        self._seen: set[str] = set()
+        #: score_id -> event, in arrival order (also the de-duplication set)
+        self._arrived: OrderedDict[str, score_pb2.ScoreEvent] = OrderedDict()
+        self._forgotten = 0
         self._duplicates = 0
         self._undecodable = 0
         self._other_tenants = 0
@@ -616,6 +625,11 @@ class ToolwitnessClient:
         return self._duplicates
 
     @property
+    def forgotten(self) -> int:
+        """Score events dropped from the client's memory to keep it within ``max_retained``."""
+        return self._forgotten
+
+    @property
     def other_tenants(self) -> int:
         """Score events of other tenants on the shared scores topic (skipped unless ``all_tenants``)."""
         return self._other_tenants
@@ -703,12 +717,18 @@ class ToolwitnessClient:
             self._other_tenants += 1
             return
         sid = ev.score_id or score_id_for(ev.expectation_id, ev.version)
-        if sid in self._seen:
+        if sid in self._arrived:
             self._duplicates += 1
             return
-        self._seen.add(sid)
+        self._arrived[sid] = ev
         self._events.setdefault(ev.expectation_id, []).append(ev)
-        self._arrived.append(ev)
+        while len(self._arrived) > self._max_retained:
+            _, old = self._arrived.popitem(last=False)
+            kept = self._events[old.expectation_id]
+            kept.remove(old)
+            if not kept:
+                del self._events[old.expectation_id]
+            self._forgotten += 1
         for q in self._subscribers:
             q.put_nowait(ev)
         for fut in self._waiters.pop(ev.expectation_id, []):
@@ -732,7 +752,7 @@ class ToolwitnessClient:
         self._require_started()
         q: asyncio.Queue[score_pb2.ScoreEvent | None] = asyncio.Queue()
         if include_received:
-            for received in self._arrived:
+            for received in self._arrived.values():
                 q.put_nowait(received)
         self._subscribers.append(q)
         try:
