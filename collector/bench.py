@@ -432,7 +432,7 @@ class TimedCheckpoint(Checkpoint):
 
 @contextlib.asynccontextmanager
 async def _service(cfg: ServiceConfig, meter: Meter | None = None) -> Any:
-    service = ToolwitnessService(cfg)
+    service = ToolwitnessService(cfg, owns_process=True)
     if meter is not None:
         service.checkpoint = TimedCheckpoint(service.checkpoint, meter)
     async with service.serving(start_timeout=90):

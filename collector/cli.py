@@ -44,7 +44,7 @@ def run(config: ConfigOpt = None) -> None:
     _logging(cfg.log_level)
 
     async def main() -> None:
-        service = ToolwitnessService(cfg)
+        service = ToolwitnessService(cfg, owns_process=True)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.request_stop)

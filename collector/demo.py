@@ -106,7 +106,7 @@ async def run_demo(keep_services: bool = True) -> int:
         table.add_row(scenario, expect, VERDICT.get(ev.status, "?"), ev.trigger, f"{ttv:.0f} ms", cov)
         console.print(f"  {scenario}: {expect} → {VERDICT.get(ev.status)} ({ev.trigger}, {ttv:.0f} ms, {cov})")
 
-    service = ToolwitnessService(cfg)
+    service = ToolwitnessService(cfg, owns_process=True)
     console.print(f"[bold]toolwitness demo[/] — Kafka {cfg.kafka.bootstrap_servers}, Redis {cfg.redis.url}")
     await service.start()
     task = asyncio.create_task(service.run())

@@ -44,7 +44,7 @@ def _say(obj: dict[str, Any]) -> None:
 
 
 async def _child(cfg: ServiceConfig) -> None:
-    svc = ToolwitnessService(cfg)
+    svc = ToolwitnessService(cfg, owns_process=True)
     svc.checkpoint = _ReportingCheckpoint(svc.checkpoint)
     await asyncio.wait_for(svc.start(), timeout=90)
     assert svc.consumer is not None

@@ -81,8 +81,12 @@ async def ensure_topics(cfg: ServiceConfig, partitions: int = 4) -> None:
 class ToolwitnessService:
     name = "service"
 
-    def __init__(self, cfg: ServiceConfig) -> None:
+    def __init__(self, cfg: ServiceConfig, *, owns_process: bool = False) -> None:
+        """``owns_process``: the service is what this process is for (``toolwitness serve``, the
+        bench and demo processes): ``start`` may tune the process-wide garbage collector. An
+        application that embeds the service leaves its collector alone (the default)."""
         self.cfg = cfg
+        self.owns_process = owns_process
         self.instance = cfg.instance or f"{socket.gethostname()}:{os.getpid()}"
         password = os.environ.get(cfg.redis.password_env) or None
         self.redis = Redis.from_url(
@@ -139,10 +143,13 @@ class ToolwitnessService:
         # would outlive the process's need for them, and they are startup objects. A larger
         # young generation lets a batch's short-lived objects die before they are promoted
         # (fewer promotions, fewer full collections): p99 at 5,000 spans/s 115-125 -> 65-87 ms.
-        gc.collect()
-        gc.freeze()
-        gen0, gen1, gen2 = gc.get_threshold()
-        gc.set_threshold(max(gen0, 10_000), gen1, gen2)
+        # Process-wide: only when the service owns the process (an embedding application's own
+        # objects would be frozen too, and its collector thresholds changed).
+        if self.owns_process:
+            gc.collect()
+            gc.freeze()
+            gen0, gen1, gen2 = gc.get_threshold()
+            gc.set_threshold(max(gen0, 10_000), gen1, gen2)
         topics = self.cfg.kafka.topics
         log.info("service %s started: consuming %s, %s", self.instance, topics.spans, topics.control)
 

@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.context import Context
 
 from collector.config import ScorerTreeConfig
+from collector.pipeline.service import ToolwitnessService
 from scoring.models import MessageScorable, ScoreStatus, TraceScorable
 from scoring.score import OtelToolCallScorer
 from scoring.score.observation import InMemoryTraceClient, OtelTraceSource
@@ -256,15 +257,22 @@ async def test_state_of_decided_complete_traces_is_reclaimed(kafka_bootstrap: st
     agent.close()
 
 
-async def test_start_freezes_the_startup_heap(kafka_bootstrap: str, redis_url: str) -> None:
+async def test_start_freezes_the_startup_heap_only_when_the_service_owns_the_process(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
     # Full collections re-scanning the >100k startup objects stalled batches by ~100 ms (p99).
     gc.unfreeze()
     before = gc.get_threshold()
     gc.set_threshold(700, *before[1:])
     assert gc.get_freeze_count() == 0
     try:
+        # embedded in an application (the default): the application's collector is left alone
         async with running_service(make_config(kafka_bootstrap, redis_url)):
+            assert gc.get_freeze_count() == 0
+            assert gc.get_threshold()[0] == 700
+        async with ToolwitnessService(make_config(kafka_bootstrap, redis_url), owns_process=True).serving():
             assert gc.get_freeze_count() > 10_000
             assert gc.get_threshold()[0] >= 10_000  # a batch's garbage dies young
     finally:
+        gc.unfreeze()
         gc.set_threshold(*before)
