@@ -101,9 +101,15 @@ class KafkaExporter:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        results = await asyncio.gather(*pending, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        # Every future resolves when its batch is acknowledged or fails: wait for the producer's
+        # batches (one wait), then read the futures, not one gather callback per record.
+        if self._producer is not None:
+            await self._producer.flush()
+        unresolved = [f for f in pending if not f.done()]
+        if unresolved:
+            await asyncio.wait(unresolved)
+        errors = [exc for f in pending if (exc := f.exception()) is not None]
         if errors:
             EXPORT_FAILURES.labels(self.name).inc(len(errors))
-            log.error("exporter/kafka: %d of %d deliveries failed: %s", len(errors), len(results), errors[0])
+            log.error("exporter/kafka: %d of %d deliveries failed: %s", len(errors), len(pending), errors[0])
             raise ExportError(f"{len(errors)} deliveries failed: {errors[0]}")

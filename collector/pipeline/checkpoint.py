@@ -52,7 +52,7 @@ _HEX = re.compile(rb"[0-9a-f]{32}")
 Batch = Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
 
 #: outcomes compare-and-set, produced and marked published together (steps 2b-4) ...
-DECIDE_SLICE = 128
+DECIDE_SLICE = 256
 #: ... by up to this many concurrent lanes, so Redis and Kafka round trips overlap ...
 DECIDE_LANES = 8
 #: ... each lane carrying at least this many: every lane costs its own round trips, so a

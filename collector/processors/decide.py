@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
 from collector.config import CompletionConfig, ScorerTreeConfig, ServiceConfig
 from collector.processors.normalize import unpack_execution
@@ -49,6 +50,13 @@ _STATUS = {
 
 
 _ZERO = timedelta(0)
+#: Coverage is immutable and takes few distinct values: validated once, shared by observations.
+_COMPLETED = {s: Coverage.completed(s) for s in CompletionSource}
+
+
+@lru_cache(maxsize=256)
+def _incomplete(reasons: frozenset[str]) -> Coverage:
+    return Coverage.incomplete(*reasons)
 
 
 def build_tree(cfg: ScorerTreeConfig, path: str = "scorers") -> Scorer:
@@ -142,13 +150,11 @@ class Decider:
             reasons.add(AWAITING_COMPLETION)
         if lost:
             reasons.add(STATE_LOST)
-        coverage = (
-            Coverage.incomplete(*reasons)
-            if reasons
-            else Coverage.completed(
-                CompletionSource.MARKER if CompletionSource.MARKER in sources else CompletionSource.WATERMARK
-            )
-        )
+        if reasons:
+            coverage = _incomplete(frozenset(reasons))
+        else:
+            marker = CompletionSource.MARKER in sources
+            coverage = _COMPLETED[CompletionSource.MARKER if marker else CompletionSource.WATERMARK]
         acquisition = (
             Acquisition.UNAVAILABLE
             if lost and not executions

@@ -140,9 +140,13 @@ class Acquisition(StrEnum):
     ERROR = "error"
 
 
+# One encoder for every call (``json.dumps`` with options builds a new one each time).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: object) -> str:
     """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 class Observation(_Frozen):
