@@ -231,7 +231,8 @@ class TraceStateStore:
         timeout = self.cfg.redis.socket_timeout_seconds
         # Several round trips in flight: Redis runs one chunk's scripts while this process packs
         # the next and parses the replies of the previous one.
-        chunks = [list(groups)[i : i + APPLY_CHUNK] for i in range(0, len(groups), APPLY_CHUNK)]
+        keys = list(groups)
+        chunks = [keys[i : i + APPLY_CHUNK] for i in range(0, len(keys), APPLY_CHUNK)]
         inflight: list[InFlight] = []
         try:
             for chunk in chunks:
