@@ -3,19 +3,21 @@
 The per-batch Redis work (apply spans, compare-and-set decisions, settle, mark published)
 is hundreds of commands per batch. redis-py's pipeline packs each command in Python,
 opens a timeout context per reply and checks ``SCRIPT EXISTS`` before every pipeline
-that holds a script: about half the service's Redis-side CPU. Here a ``Commands`` is
-packed by hiredis as it is built, sent with one write, and its replies are read under one
-deadline for the whole round trip, on a connection borrowed from the client's own pool
-(so authentication, TLS and the database are the client's).
+that holds a script: about half of what this process spent on talking to Redis. Here a
+``Commands`` is packed by hiredis as it is built, sent with one write (``send``), and its
+replies are read under one deadline for the whole round trip (``InFlight.replies``), on a
+connection borrowed from the client's own pool (so authentication, TLS and the database are
+the client's). Several round trips can be in flight at once (each on its own connection):
+Redis works on one while this process prepares the next. ``execute`` is send + replies.
 
 Semantics kept from a non-transactional pipeline: replies come back in order, error
 replies are returned in place (``raise_on_error`` raises the first after every reply is
 read, so the connection stays in step), and an EVALSHA of a script the server no longer
 has (a restarted or flushed Redis) loads the batch's scripts and sends exactly the
-commands that were refused once more (they did not run; the others keep their replies —
-the commands of one round trip are independent, as in a non-transactional pipeline). A connection or
-timeout error closes the borrowed connection and raises redis-py's own error type, which
-the service treats as retriable (the batch is replayed from its first offset).
+commands that were refused once more (they did not run; the others keep their replies:
+the commands of one round trip are independent, as in a non-transactional pipeline). A
+connection or timeout error closes the borrowed connection and raises redis-py's own error
+type, which the service treats as retriable (the batch is replayed from its first offset).
 """
 
 from __future__ import annotations
