@@ -1,0 +1,78 @@
+"""Decisions in Redis (``TraceStateStore``): the payload is kept while unpublished, for an exact
+re-send, and dropped once published; a re-send never goes out with a dropped payload."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from collector.processors.trace_state import DecideRequest, TraceStateStore
+from tests.integration.harness import make_config
+
+EVENT = b"\x0a\x20" + b"e" * 600  # stand-ins for a serialized ScoreEvent and Observation
+OBSERVATION = b"\x0a\x40" + b"o" * 2000
+
+
+@pytest.fixture
+async def store(kafka_bootstrap: str, redis_url: str, redis_cleanup: set[str]) -> AsyncIterator[TraceStateStore]:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    redis = Redis.from_url(redis_url)
+    s = TraceStateStore(redis, cfg)
+    await s.start()
+    redis_cleanup.add(f"{cfg.redis.key_prefix}*")
+    try:
+        yield s
+    finally:
+        await redis.aclose()
+
+
+def request(eid: str, version: int = 1) -> DecideRequest:
+    return DecideRequest("default", eid, version, f"sid-{eid}-{version}", EVENT, OBSERVATION, "true")
+
+
+async def test_the_payload_is_kept_until_published_then_dropped(store: TraceStateStore) -> None:
+    [won] = await store.decide_many([request("e1")])
+    assert won.won and not won.published
+    key = store.k.decision("default", "e1")
+    assert await store.redis.hmget(key, ["ev", "ob", "pub"]) == [EVENT, OBSERVATION, b"0"]
+    unpublished_bytes = await store.redis.memory_usage(key)
+
+    # another instance (or a replay) loses the compare-and-set before the publish: it gets the
+    # stored payload back, to re-send exactly those bytes
+    [lost] = await store.decide_many([request("e1")])
+    assert not lost.won and not lost.published and (lost.event, lost.observation) == (EVENT, OBSERVATION)
+
+    await store.mark_published([("default", "e1")])
+    d = await store.get_decision("default", "e1")
+    assert d is not None and d.published and (d.version, d.score_id, d.verdict) == (1, "sid-e1-1", "true")
+    assert await store.redis.hmget(key, ["ev", "ob"]) == [b"", b""]
+    published_bytes = await store.redis.memory_usage(key)
+    assert published_bytes is not None and unpublished_bytes is not None
+    assert published_bytes * 4 < unpublished_bytes  # the payload was most of it
+
+    # after the publish a lost compare-and-set has nothing to re-send
+    [late] = await store.decide_many([request("e1")])
+    assert not late.won and late.published
+
+
+async def test_published_between_the_compare_and_set_and_the_payload_read(store: TraceStateStore) -> None:
+    await store.decide_many([request("e2")])
+    execute = store._execute
+    calls: list[int] = []
+
+    async def interleaved(cmds: Any) -> list[Any]:
+        replies = await execute(cmds)
+        calls.append(len(cmds))
+        if len(calls) == 1:  # the lost compare-and-set said "unpublished"; now the winner publishes
+            store._execute = execute  # type: ignore[method-assign]
+            await store.mark_published([("default", "e2")])
+            store._execute = interleaved  # type: ignore[method-assign]
+        return replies
+
+    store._execute = interleaved  # type: ignore[method-assign]
+    [lost] = await store.decide_many([request("e2")])
+    assert len(calls) == 2  # the payload was read in a second round trip, after the publish
+    assert not lost.won and lost.published  # so it is not re-sent (its payload is gone)
