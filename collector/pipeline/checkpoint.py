@@ -4,8 +4,8 @@
 control topics:
 
 1. **Apply state.** Decode records (bad ones become dead letters with a reason),
-   apply span facts to Redis (one pipeline of EVALSHA calls, idempotent by span
-   id), register expectations, record completion markers and cancellations.
+   apply span facts to Redis (EVALSHA calls in round trips kept in flight together,
+   idempotent by span id), register expectations, record completion markers and cancellations.
 2. **Decide.** Evaluate every expectation the batch touched; compare-and-set each
    decidable result in Redis with its final payload and deterministic score id.
 3. **Produce.** Send scores, observations and dead letters (idempotent producer)

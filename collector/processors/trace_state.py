@@ -7,7 +7,8 @@ key per trace keeps its memory bounded and measured (``MEMORY USAGE``). Expectat
 ``tw:{<tenant>:e:<id>}:def`` / ``…:dec``; sessions at ``tw:{<tenant>:s:<id>}:t``
 (trace ids) / ``…:p`` (pending). Global sorted sets: ``tw:deadlines``,
 ``tw:await_wm`` (traces waiting for the watermark), ``tw:unpub`` (decided but
-not yet published). Every batch's updates are one pipeline of EVALSHA calls.
+not yet published). A batch's updates are EVALSHA calls sent in a few round trips
+(``collector.processors.resp``), not one command at a time.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ class TraceStateStore:
     async def apply(
         self, groups: dict[tuple[str, str], list[dict[str, Any]]], watermark_ms: int
     ) -> dict[tuple[str, str], ApplyResult]:
-        """Step 1 of the commit protocol: apply span facts, one EVALSHA per trace, one pipeline."""
+        """Step 1 of the commit protocol: apply span facts, one EVALSHA per trace, in round trips of
+        ``APPLY_CHUNK`` traces that are all in flight at once."""
         assert self._apply is not None
         if not groups:
             return {}
@@ -388,7 +390,7 @@ class TraceStateStore:
         return Decision(False, int(cur[0]), _s(cur[1]), _b(cur[2]), _b(cur[3]), _s(cur[4]) == "1", _s(cur[5]))
 
     async def decide_many(self, items: Sequence[DecideRequest]) -> list[Decision]:
-        """Step 2b: compare-and-set every decision of a batch in one pipeline of EVALSHA calls.
+        """Step 2b: compare-and-set every decision of a batch, EVALSHA calls in one round trip.
 
         A lost compare-and-set that is not yet published (an earlier run decided and crashed)
         gets its stored payload back, so exactly those bytes are re-sent.
