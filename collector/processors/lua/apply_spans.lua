@@ -2,8 +2,9 @@
 -- KEYS[1] state (JSON string; it also holds the trace's pending `pe` and decided `de` expectation ids)
 -- ARGV[1] ttl ms  ARGV[2] JSON array of span facts  ARGV[3] max spans  ARGV[4] max tool executions
 -- ARGV[5] global watermark ms  ARGV[6] allowed lateness ms  ARGV[7] inferred completion (1/0)
--- Span fact: {i=span id, p=parent id or "", r=parent remote 0/1, e=end ms (0 = not ended),
---             f={reasons...}, x=execution array or false, s=session id or ""}
+-- Span fact (an array, in this order): span id, parent id or "", parent remote 0/1, end ms
+--   (0 = not ended), {reasons...}, execution array or false, session id or ""
+--   (the service's fact dicts {i, p, r, e, f, x, s}, sent positionally: smaller, cheaper to code)
 -- Returns {summary, state}: summary JSON {new, ds (spans dropped by the limit), dx (executions
 --   dropped), n, late, root_end, pend=[...], dec=[...] (only when late), sess=[...]}; state the
 --   trace's state JSON when it has pending or (late) decided expectations, else ""
@@ -39,31 +40,32 @@ local root_end = 0
 local new_sessions = {}
 local was_complete = complete_now()
 for _, f in ipairs(facts) do
-  if not st.s[f.i] then
+  local id, parent, remote, fend, reasons, x, sess = f[1], f[2], f[3], f[4], f[5], f[6], f[7]
+  if not st.s[id] then
     if st.n >= max_spans then
       if not st.r['limit_exceeded'] then flagged = true end
       st.r['limit_exceeded'] = 1
       dropped_spans = dropped_spans + 1
     else
       if was_complete then st.l = 1 end
-      st.s[f.i] = 1
+      st.s[id] = 1
       st.n = st.n + 1
       added = added + 1
-      st.p[f.i] = nil
-      if f.p ~= '' and f.r == 0 and not st.s[f.p] then st.p[f.p] = 1 end
-      if f.p == '' or f.r == 1 then
-        if f.e > 0 then st.re = f.e; root_end = f.e end
+      st.p[id] = nil
+      if parent ~= '' and remote == 0 and not st.s[parent] then st.p[parent] = 1 end
+      if parent == '' or remote == 1 then
+        if fend > 0 then st.re = fend; root_end = fend end
       end
-      for _, reason in ipairs(f.f) do st.r[reason] = 1 end
-      if f.x then
+      for _, reason in ipairs(reasons) do st.r[reason] = 1 end
+      if x then
         if #st.x >= max_execs then
           st.r['limit_exceeded'] = 1
           dropped_execs = dropped_execs + 1
         else
-          table.insert(st.x, f.x)
+          table.insert(st.x, x)
         end
       end
-      if f.s ~= '' and not st.ss[f.s] then st.ss[f.s] = 1; table.insert(new_sessions, f.s) end
+      if sess ~= '' and not st.ss[sess] then st.ss[sess] = 1; table.insert(new_sessions, sess) end
     end
   end
 end
