@@ -21,6 +21,7 @@ from collector.wire.convert import (
     RegisteredExpectation,
     observation_to_proto,
     score_id_for,
+    set_duration,
     set_timestamp,
 )
 from collector.wire.gen import common_pb2, score_pb2
@@ -228,7 +229,5 @@ class Decider:
             trigger=trigger,
         )
         set_timestamp(ev.decided_at, now)
-        ttv = max(now - datetime.fromtimestamp(exp.created_ms / 1000, UTC), _ZERO)
-        ev.time_to_verdict.seconds = ttv.days * 86_400 + ttv.seconds
-        ev.time_to_verdict.nanos = ttv.microseconds * 1000
+        set_duration(ev.time_to_verdict, max(now - datetime.fromtimestamp(exp.created_ms / 1000, UTC), _ZERO))
         return Outcome(exp, verdict, version, sid, ev, obs, trigger)

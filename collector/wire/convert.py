@@ -10,9 +10,10 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from google.protobuf import json_format
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import ValidationError
@@ -354,11 +355,23 @@ def observation_to_proto(o: Observation) -> score_pb2.Observation:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def _set_seconds(msg: Timestamp | Duration, td: timedelta) -> None:
+    # whole seconds rounded down and a non-negative remainder: a valid Timestamp for any td,
+    # a valid Duration for td >= 0 (seconds and nanos of one sign)
+    msg.seconds = td.days * 86_400 + td.seconds
+    msg.nanos = td.microseconds * 1000
+
+
 def set_timestamp(ts: Timestamp, dt: datetime) -> None:
-    """``ts.FromDatetime(dt)`` for an aware ``dt``, exact to the microsecond, without its time tuple."""
-    d = (dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)) - _EPOCH
-    ts.seconds = d.days * 86_400 + d.seconds
-    ts.nanos = d.microseconds * 1000
+    """``ts.FromDatetime(dt)``, exact to the microsecond, without its time tuple (naive = UTC)."""
+    _set_seconds(ts, (dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)) - _EPOCH)
+
+
+def set_duration(d: Duration, td: timedelta) -> None:
+    """``d.FromTimedelta(td)`` for ``td >= 0``, exact to the microsecond."""
+    if td < timedelta(0):
+        raise ValueError(f"negative duration {td}")
+    _set_seconds(d, td)
 
 
 def observation_from_proto(p: score_pb2.Observation) -> Observation:
