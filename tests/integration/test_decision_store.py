@@ -38,7 +38,7 @@ async def test_the_payload_is_kept_until_published_then_dropped(store: TraceStat
     assert won.won and not won.published
     key = store.k.decision("default", "e1")
     assert await store.redis.hmget(key, ["ev", "ob", "pub"]) == [EVENT, OBSERVATION, b"0"]
-    unpublished_bytes = await store.redis.memory_usage(key)
+    unpublished_bytes = await store.redis.memory_usage(key, samples=0)
 
     # another instance (or a replay) loses the compare-and-set before the publish: it gets the
     # stored payload back, to re-send exactly those bytes
@@ -49,7 +49,7 @@ async def test_the_payload_is_kept_until_published_then_dropped(store: TraceStat
     d = await store.get_decision("default", "e1")
     assert d is not None and d.published and (d.version, d.score_id, d.verdict) == (1, "sid-e1-1", "true")
     assert await store.redis.hmget(key, ["ev", "ob"]) == [b"", b""]
-    published_bytes = await store.redis.memory_usage(key)
+    published_bytes = await store.redis.memory_usage(key, samples=0)
     assert published_bytes is not None and unpublished_bytes is not None
     assert published_bytes * 4 < unpublished_bytes  # the payload was most of it
 
