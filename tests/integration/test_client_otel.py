@@ -93,10 +93,23 @@ async def topics(topic_factory: TopicFactory) -> TopicsConfig:
 
 @pytest.fixture
 async def client(kafka_bootstrap: str, topics: TopicsConfig) -> AsyncIterator[ToolwitnessClient]:
-    async with asyncio.timeout(TIMEOUT_S), ToolwitnessClient(
-        bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics
-    ) as tw:
+    async with (
+        asyncio.timeout(TIMEOUT_S),
+        ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as tw,
+    ):
         yield tw
+
+
+@pytest.fixture
+async def producer(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
+    """An idempotent producer for writing score and observation records as the service would."""
+    p = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+    async with asyncio.timeout(TIMEOUT_S):
+        await p.start()
+    try:
+        yield p
+    finally:
+        await p.stop()
 
 
 async def read_records(bootstrap: str, topic: str, n: int) -> list[Any]:
@@ -293,8 +306,11 @@ async def test_control_records_decode_to_what_was_asked(
 async def test_client_creates_missing_topics(kafka_bootstrap: str, kafka_admin: AIOKafkaAdminClient) -> None:
     stem = f"tw-test-ensure-{uuid.uuid4().hex[:12]}"
     wanted = TopicsConfig(
-        spans=f"{stem}-spans", control=f"{stem}-control", scores=f"{stem}-scores",
-        observations=f"{stem}-observations", dlq=f"{stem}-dlq",
+        spans=f"{stem}-spans",
+        control=f"{stem}-control",
+        scores=f"{stem}-scores",
+        observations=f"{stem}-observations",
+        dlq=f"{stem}-dlq",
     )
     names = [wanted.spans, wanted.control, wanted.scores, wanted.observations, wanted.dlq]
     try:
@@ -342,132 +358,119 @@ def score_event(
 
 
 async def test_wait_for_returns_the_score_and_drops_identical_resends(
-    kafka_bootstrap: str, topics: TopicsConfig, client: ToolwitnessClient
+    kafka_bootstrap: str, topics: TopicsConfig, client: ToolwitnessClient, producer: AIOKafkaProducer
 ) -> None:
     eid = await client.expect(
         TraceScorable(trace_ids=(TRACE,)), conditions=[ToolsCalled(tools=(ToolCallRequirement(name="book_flight"),))]
     )
     sent = score_event(eid)
     other = score_event(uuid.uuid4().hex)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
     async with asyncio.timeout(TIMEOUT_S):
-        await producer.start()
-        try:
-            stream = client.scores()
-            await producer.send_and_wait(topics.scores, value=encode(sent, "protobuf"), key=eid.encode(), partition=2)
-            got = await client.wait_for(eid, timeout=TIMEOUT_S)
-            assert got == sent
-            assert await anext(stream) == sent
+        stream = client.scores()
+        await producer.send_and_wait(topics.scores, value=encode(sent, "protobuf"), key=eid.encode(), partition=2)
+        got = await client.wait_for(eid, timeout=TIMEOUT_S)
+        assert got == sent
+        assert await anext(stream) == sent
 
-            # The service re-sends an identical event (crash replay), then another score on the
-            # same partition: once that one is seen, the re-send has been processed (and dropped).
-            await producer.send_and_wait(topics.scores, value=encode(sent, "json"), key=eid.encode(), partition=2)
-            await producer.send_and_wait(topics.scores, value=encode(other, "protobuf"), partition=2)
-            assert await anext(stream) == other
-            assert client.duplicates == 1
-            assert client.events(eid) == [sent]
+        # The service re-sends an identical event (crash replay), then another score on the
+        # same partition: once that one is seen, the re-send has been processed (and dropped).
+        await producer.send_and_wait(topics.scores, value=encode(sent, "json"), key=eid.encode(), partition=2)
+        await producer.send_and_wait(topics.scores, value=encode(other, "protobuf"), partition=2)
+        assert await anext(stream) == other
+        assert client.duplicates == 1
+        assert client.events(eid) == [sent]
 
-            # A revision (version 2) is a distinct event; wait_for then returns the latest version.
-            revision = score_event(eid, version=2, status=common_pb2.SCORE_STATUS_FALSE)
-            await producer.send_and_wait(topics.scores, value=encode(revision, "protobuf"), key=eid.encode())
-            assert await anext(stream) == revision
-            assert await client.wait_for(eid, timeout=1) == revision
-            assert [e.version for e in client.events(eid)] == [1, 2]
-            await stream.aclose()
-        finally:
-            await producer.stop()
+        # A revision (version 2) is a distinct event; wait_for then returns the latest version.
+        revision = score_event(eid, version=2, status=common_pb2.SCORE_STATUS_FALSE)
+        await producer.send_and_wait(topics.scores, value=encode(revision, "protobuf"), key=eid.encode())
+        assert await anext(stream) == revision
+        assert await client.wait_for(eid, timeout=1) == revision
+        assert [e.version for e in client.events(eid)] == [1, 2]
+        await stream.aclose()
 
     with pytest.raises(TimeoutError, match="no score for expectation 'never'"):
         await client.wait_for("never", timeout=0.2)
 
 
-async def test_scores_sent_before_start_are_not_seen(kafka_bootstrap: str, topics: TopicsConfig) -> None:
+async def test_scores_sent_before_start_are_not_seen(
+    kafka_bootstrap: str, topics: TopicsConfig, producer: AIOKafkaProducer
+) -> None:
     old = score_event("old-expectation")
     fresh = score_event("fresh-expectation")
     async with asyncio.timeout(TIMEOUT_S):
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
-        await producer.start()
-        try:
-            await producer.send_and_wait(topics.scores, value=encode(old, "protobuf"), partition=1)
-            async with ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as tw:
-                await producer.send_and_wait(topics.scores, value=encode(fresh, "protobuf"), partition=1)
-                assert await tw.wait_for("fresh-expectation", timeout=TIMEOUT_S) == fresh
-                assert tw.events("old-expectation") == []
-        finally:
-            await producer.stop()
+        await producer.send_and_wait(topics.scores, value=encode(old, "protobuf"), partition=1)
+        async with ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as tw:
+            await producer.send_and_wait(topics.scores, value=encode(fresh, "protobuf"), partition=1)
+            assert await tw.wait_for("fresh-expectation", timeout=TIMEOUT_S) == fresh
+            assert tw.events("old-expectation") == []
 
 
 async def test_partitions_added_to_the_scores_topic_are_read_from_their_start_and_the_rest_resume(
-    kafka_bootstrap: str, topics: TopicsConfig, kafka_admin: AIOKafkaAdminClient
+    kafka_bootstrap: str, topics: TopicsConfig, kafka_admin: AIOKafkaAdminClient, producer: AIOKafkaProducer
 ) -> None:
     before = score_event("before-start")
     async with asyncio.timeout(TIMEOUT_S):
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
-        await producer.start()
-        try:
-            await producer.send_and_wait(topics.scores, value=encode(before, "protobuf"), partition=1)
-            async with ToolwitnessClient(
-                bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, metadata_max_age_ms=300
-            ) as tw:
-                first = score_event("first")
-                await producer.send_and_wait(topics.scores, value=encode(first, "protobuf"), partition=0)
-                assert await tw.wait_for("first", timeout=TIMEOUT_S) == first
+        await producer.send_and_wait(topics.scores, value=encode(before, "protobuf"), partition=1)
+        async with ToolwitnessClient(
+            bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, metadata_max_age_ms=300
+        ) as tw:
+            first = score_event("first")
+            await producer.send_and_wait(topics.scores, value=encode(first, "protobuf"), partition=0)
+            assert await tw.wait_for("first", timeout=TIMEOUT_S) == first
 
-                await kafka_admin.create_partitions({topics.scores: NewPartitions(total_count=6)})
-                # Scores on every partition, the two new ones included, before the client can have
-                # noticed them: those on 4 and 5 are older than the client's first look at them.
-                await producer.client.force_metadata_update()
-                sent = {p: score_event(f"after-{p}") for p in range(6)}
-                for p, ev in sent.items():
-                    await producer.send_and_wait(topics.scores, value=encode(ev, "protobuf"), partition=p)
-                for p, ev in sent.items():
-                    assert await tw.wait_for(f"after-{p}", timeout=TIMEOUT_S) == ev
-                assert len(tw._consumer.assignment()) == 6
-                # the re-assignment did not rewind the old partitions to their start either
-                assert tw.events("before-start") == []
-                assert tw.events("first") == [first] and tw.duplicates == 0
-        finally:
-            await producer.stop()
+            await kafka_admin.create_partitions({topics.scores: NewPartitions(total_count=6)})
+            # Scores on every partition, the two new ones included, before the client can have
+            # noticed them: those on 4 and 5 are older than the client's first look at them.
+            await producer.client.force_metadata_update()
+            sent = {p: score_event(f"after-{p}") for p in range(6)}
+            for p, ev in sent.items():
+                await producer.send_and_wait(topics.scores, value=encode(ev, "protobuf"), partition=p)
+            for p, ev in sent.items():
+                assert await tw.wait_for(f"after-{p}", timeout=TIMEOUT_S) == ev
+            assert len(tw._consumer.assignment()) == 6
+            # the re-assignment did not rewind the old partitions to their start either
+            assert tw.events("before-start") == []
+            assert tw.events("first") == [first] and tw.duplicates == 0
 
 
 async def test_other_tenants_scores_are_counted_not_kept_unless_asked(
-    kafka_bootstrap: str, topics: TopicsConfig
+    kafka_bootstrap: str, topics: TopicsConfig, producer: AIOKafkaProducer
 ) -> None:
     mine, theirs = score_event("mine"), score_event("theirs")
     theirs.tenant = "globex"
     async with asyncio.timeout(TIMEOUT_S):
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
-        await producer.start()
-        try:
-            async with (
-                ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as acme,
-                ToolwitnessClient(
-                    bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, all_tenants=True
-                ) as everyone,
-            ):
-                # the same partition, theirs first: once mine is read, theirs has been handled
-                await producer.send_and_wait(topics.scores, value=encode(theirs, "protobuf"), partition=3)
-                await producer.send_and_wait(topics.scores, value=encode(mine, "protobuf"), partition=3)
-                assert await acme.wait_for("mine", timeout=TIMEOUT_S) == mine
-                assert acme.events("theirs") == [] and acme.other_tenants == 1
-                stream = acme.scores()
-                assert await anext(stream) == mine  # theirs never reaches a subscriber
-                await stream.aclose()
-                assert await everyone.wait_for("mine", timeout=TIMEOUT_S) == mine
-                assert everyone.events("theirs") == [theirs] and everyone.other_tenants == 0
-        finally:
-            await producer.stop()
+        async with (
+            ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as acme,
+            ToolwitnessClient(
+                bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, all_tenants=True
+            ) as everyone,
+        ):
+            # the same partition, theirs first: once mine is read, theirs has been handled
+            await producer.send_and_wait(topics.scores, value=encode(theirs, "protobuf"), partition=3)
+            await producer.send_and_wait(topics.scores, value=encode(mine, "protobuf"), partition=3)
+            assert await acme.wait_for("mine", timeout=TIMEOUT_S) == mine
+            assert acme.events("theirs") == [] and acme.other_tenants == 1
+            stream = acme.scores()
+            assert await anext(stream) == mine  # theirs never reaches a subscriber
+            await stream.aclose()
+            assert await everyone.wait_for("mine", timeout=TIMEOUT_S) == mine
+            assert everyone.events("theirs") == [theirs] and everyone.other_tenants == 0
 
 
 async def test_get_observation_reads_and_verifies(
-    kafka_bootstrap: str, topics: TopicsConfig, client: ToolwitnessClient
+    kafka_bootstrap: str, topics: TopicsConfig, client: ToolwitnessClient, producer: AIOKafkaProducer
 ) -> None:
     obs = Observation(
         scorable=TraceScorable(trace_ids=(TRACE,)),
         tool_executions=(
             ToolExecution(
-                name="book_flight", trace_id=TRACE, span_id="00f067aa0ba902b7", status="ok",
-                start_time_unix_nano=1, end_time_unix_nano=2, arguments='{"flight":"LH123"}',
+                name="book_flight",
+                trace_id=TRACE,
+                span_id="00f067aa0ba902b7",
+                status="ok",
+                start_time_unix_nano=1,
+                end_time_unix_nano=2,
+                arguments='{"flight":"LH123"}',
                 arguments_state=CaptureState.CAPTURED,
             ),
         ),
@@ -478,15 +481,10 @@ async def test_get_observation_reads_and_verifies(
     tampered.observation_id = "f" * 64
     tampered.tool_executions[0].name = "send_email"
     async with asyncio.timeout(TIMEOUT_S):
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
-        await producer.start()
-        try:
-            await producer.send_and_wait(topics.observations, value=b"", key=b"unrelated")
-            good = encode(observation_to_proto(obs), "protobuf")
-            await producer.send_and_wait(topics.observations, value=good, key=obs.observation_id.encode())
-            await producer.send_and_wait(topics.observations, value=encode(tampered, "json"), key=b"f" * 64)
-        finally:
-            await producer.stop()
+        await producer.send_and_wait(topics.observations, value=b"", key=b"unrelated")
+        good = encode(observation_to_proto(obs), "protobuf")
+        await producer.send_and_wait(topics.observations, value=good, key=obs.observation_id.encode())
+        await producer.send_and_wait(topics.observations, value=encode(tampered, "json"), key=b"f" * 64)
         got = await client.get_observation(obs.observation_id, timeout=TIMEOUT_S)
         assert got == obs
         with pytest.raises(ValueError, match="does not match"):
