@@ -15,9 +15,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -72,6 +73,9 @@ class KafkaConfig(_Section):
 
 class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6390/0"
+    #: a Redis Cluster: ``url`` names any one of its nodes (the others are discovered); every
+    #: key of a trace, session or expectation shares a hash tag, so each lives in one slot.
+    cluster: bool = False
     password_env: str = "TOOLWITNESS_REDIS_PASSWORD"
     #: every key starts with it (lets several deployments or test runs share one Redis).
     key_prefix: str = Field(default="tw", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
@@ -87,6 +91,18 @@ class RedisConfig(_Section):
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"must start with redis://, rediss:// or unix://, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _cluster_url(self) -> RedisConfig:
+        if self.cluster:
+            if self.url.startswith("unix://"):
+                raise ValueError(
+                    "redis.cluster: a Redis Cluster is reached over TCP (redis:// or rediss://), not unix://"
+                )
+            db = urlsplit(self.url).path.strip("/")
+            if db not in ("", "0"):
+                raise ValueError(f"redis.cluster: a Redis Cluster has only database 0, the url names database {db!r}")
+        return self
 
 
 class CompletionConfig(_Section):

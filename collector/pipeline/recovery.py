@@ -11,6 +11,11 @@ a failover to an empty replica), every instance that notices:
 3. seeks its control partitions back to the beginning, so every expectation is
    registered again (idempotent) and decided — TRUE if new spans prove it, otherwise
    UNDETERMINED at its original deadline.
+
+On a Redis Cluster one shard can lose its data while the others keep theirs, so the epoch is
+also written to a *canary* key on every primary (``tw:{epoch:<i>}``, its hash tag chosen to
+fall in a slot that primary serves): a canary gone or changed is a loss too. A primary that
+appears (resharding) gets its canary written, not counted as a loss.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import time
 import uuid
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from redis.asyncio import RedisCluster
+from redis.crc import key_slot
 
 from collector.config import ServiceConfig
 from collector.exporters.kafka import kafka_security_kwargs
@@ -31,6 +38,14 @@ from collector.wire.convert import decode_score_event
 
 log = logging.getLogger("toolwitness.recovery")
 
+#: KEYS[1] epoch, ARGV[1] the epoch the caller adopted, ARGV[2] a new one: set unless another
+#: instance already replaced the adopted epoch.
+_REPLACE_EPOCH = """
+local cur = redis.call('GET', KEYS[1])
+if not cur or cur == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) end
+return 0
+"""
+
 
 class Recovery:
     name = "pipeline/recovery"
@@ -40,6 +55,29 @@ class Recovery:
         self.store = store
         self.epoch: str | None = None
         self.lost_at_ms = 0
+        #: the canary keys (cluster only) this instance has written or seen hold the epoch.
+        self._canaries: set[str] = set()
+
+    def canary_keys(self) -> list[str]:
+        """One key per primary of a Redis Cluster, in a slot that primary serves; [] otherwise."""
+        r = self.store.redis
+        if not isinstance(r, RedisCluster):
+            return []
+        owner = {slot: nodes[0].name for slot, nodes in r.nodes_manager.slots_cache.items() if nodes}
+        keys: list[str] = []
+        for node in {name for name in owner.values()}:
+            i = 0
+            while owner.get(key_slot(f"epoch:{i}".encode())) != node:
+                i += 1
+            keys.append(f"{self.store.k.p}:{{epoch:{i}}}")
+        return sorted(keys)
+
+    async def _sync_canaries(self, *, overwrite: bool) -> None:
+        r = self.store.redis
+        assert self.epoch is not None
+        for key in self.canary_keys():
+            await r.set(key, self.epoch, nx=not overwrite)
+            self._canaries.add(key)
 
     async def start(self) -> None:
         """Adopt the current epoch (creating it on a fresh Redis) and any recorded loss time."""
@@ -47,14 +85,25 @@ class Recovery:
         await r.set(self.store.k.epoch, uuid.uuid4().hex, nx=True)
         raw = await r.get(self.store.k.epoch)
         self.epoch = raw.decode() if isinstance(raw, bytes) else raw
+        await self._sync_canaries(overwrite=False)
         lost = await r.get(self.store.k.lost_at)
         self.lost_at_ms = int(lost) if lost else 0
 
     async def check(self) -> bool:
         """True if Redis lost its data since this instance adopted the epoch."""
-        raw = await self.store.redis.get(self.store.k.epoch)
+        r = self.store.redis
+        raw = await r.get(self.store.k.epoch)
         current = raw.decode() if isinstance(raw, bytes) else raw
-        return current != self.epoch
+        if current is None or current != self.epoch:
+            return True
+        for key in self.canary_keys():
+            if key not in self._canaries:  # a primary this instance has not seen yet (resharding)
+                await r.set(key, current, nx=True)
+                self._canaries.add(key)
+            raw = await r.get(key)
+            if (raw.decode() if isinstance(raw, bytes) else raw) != current:
+                return True
+        return False
 
     async def recover(self, receiver: KafkaOTLPReceiver | None) -> None:
         r = self.store.redis
@@ -63,10 +112,13 @@ class Recovery:
         await r.set(self.store.k.lost_at, now, nx=True)
         lost = await r.get(self.store.k.lost_at)
         self.lost_at_ms = int(lost) if lost else now
-        await r.set(self.store.k.epoch, uuid.uuid4().hex, nx=True)
+        # A new epoch, once: the first instance to notice replaces the one it adopted (gone, or
+        # still there when the loss was on another shard); the others adopt the winner's.
+        await r.eval(_REPLACE_EPOCH, 1, self.store.k.epoch, self.epoch or "", uuid.uuid4().hex)
         raw = await r.get(self.store.k.epoch)
         restored = await self.restore_decisions()
         self.epoch = raw.decode() if isinstance(raw, bytes) else raw
+        await self._sync_canaries(overwrite=True)
         replayed = await receiver.replay_control() if receiver is not None else 0
         log.error(
             "%s: Redis lost its data; evidence before %d ms is marked state_lost, %d published decisions "

@@ -18,18 +18,19 @@ from collections.abc import AsyncIterator
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from collector.admin import AdminServer
-from collector.config import ServiceConfig
+from collector.config import RedisConfig, ServiceConfig
 from collector.exporters.base import ExportError
 from collector.exporters.kafka import KafkaExporter, kafka_security_kwargs
 from collector.pipeline.checkpoint import Checkpoint
 from collector.pipeline.engine import Engine, Work
 from collector.pipeline.recovery import Recovery
 from collector.processors.completion import WatermarkTracker
+from collector.processors.resp import RedisClient
 from collector.processors.trace_state import TraceStateStore
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
 from collector.telemetry.metrics import EXPORT_FAILURES
@@ -78,6 +79,19 @@ async def ensure_topics(cfg: ServiceConfig, partitions: int = 4) -> None:
         await admin.close()
 
 
+def redis_client(cfg: RedisConfig, password: str | None) -> RedisClient:
+    """The service's Redis client: one server, or a Redis Cluster (``redis.cluster``) discovered
+    from the node ``url`` names."""
+    t = cfg.socket_timeout_seconds
+    if cfg.cluster:
+        return RedisCluster.from_url(
+            cfg.url, password=password, decode_responses=False, socket_timeout=t, socket_connect_timeout=t
+        )
+    return Redis.from_url(
+        cfg.url, password=password, decode_responses=False, socket_timeout=t, socket_connect_timeout=t
+    )
+
+
 class ToolwitnessService:
     name = "service"
 
@@ -89,13 +103,7 @@ class ToolwitnessService:
         self.owns_process = owns_process
         self.instance = cfg.instance or f"{socket.gethostname()}:{os.getpid()}"
         password = os.environ.get(cfg.redis.password_env) or None
-        self.redis = Redis.from_url(
-            cfg.redis.url,
-            password=password,
-            socket_timeout=cfg.redis.socket_timeout_seconds,
-            socket_connect_timeout=cfg.redis.socket_timeout_seconds,
-            decode_responses=False,
-        )
+        self.redis = redis_client(cfg.redis, password)
         self.store = TraceStateStore(self.redis, cfg)
         self.exporter = KafkaExporter(cfg.kafka)
         self.engine = Engine(cfg, self.store, self.exporter)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import time
 
-from redis.asyncio import Redis
-
 from collector.config import CompletionConfig
+from collector.processors.resp import RedisClient
 from collector.telemetry.metrics import WATERMARK
 
 #: how often the shared watermarks are written and read at most (seconds).
@@ -23,7 +22,7 @@ REFRESH_S = 0.05
 class WatermarkTracker:
     name = "processor/completion"
 
-    def __init__(self, redis: Redis, key: str, cfg: CompletionConfig) -> None:
+    def __init__(self, redis: RedisClient, key: str, cfg: CompletionConfig) -> None:
         self.redis = redis
         self.key = key
         self.cfg = cfg

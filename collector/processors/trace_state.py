@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, cast
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from collector.config import ServiceConfig
-from collector.processors.resp import Arg, Commands, InFlight, execute, send
+from collector.processors.resp import Arg, Commands, Pending, RedisClient, execute, send
 from collector.telemetry.metrics import DROPPED
 from collector.wire.convert import RegisteredExpectation
 
@@ -195,7 +194,7 @@ class TraceStateStore:
     #: before the item is due again because its claimer died without releasing it.
     claim_lease_ms = 30_000
 
-    def __init__(self, redis: Redis, config: ServiceConfig) -> None:
+    def __init__(self, redis: RedisClient, config: ServiceConfig) -> None:
         self.redis = redis
         self.cfg = config
         self.ttl_ms = config.redis.state_ttl_seconds * 1000
@@ -242,7 +241,7 @@ class TraceStateStore:
         # the next and parses the replies of the previous one.
         keys = list(groups)
         chunks = [keys[i : i + APPLY_CHUNK] for i in range(0, len(keys), APPLY_CHUNK)]
-        inflight: list[InFlight] = []
+        inflight: list[Pending] = []
         try:
             for chunk in chunks:
                 cmds = Commands()
@@ -325,35 +324,27 @@ class TraceStateStore:
         if not created:
             return False
         assert self._index is not None
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for trace in exp.trace_ids():
-                await self._index(
-                    keys=[self.k.state(exp.tenant, trace)],
-                    args=[self.ttl_ms, "add", 0, exp.expectation_id],
-                    client=pipe,
-                )
-            if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-                sid = exp.scope.session_id
-                pipe.sadd(self.k.session_pending(exp.tenant, sid), exp.expectation_id)
-                pipe.pexpire(self.k.session_pending(exp.tenant, sid), self.ttl_ms)
-            pipe.zadd(self.k.deadlines, {member(exp.tenant, exp.expectation_id): exp.deadline_ms})
-            await pipe.execute()
+        cmds = Commands()
+        for trace in exp.trace_ids():
+            cmds.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "add", 0, exp.expectation_id])
+        if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
+            sid = exp.scope.session_id
+            cmds.add("SADD", self.k.session_pending(exp.tenant, sid), exp.expectation_id)
+            cmds.add("PEXPIRE", self.k.session_pending(exp.tenant, sid), self.ttl_ms)
+        cmds.add("ZADD", self.k.deadlines, exp.deadline_ms, member(exp.tenant, exp.expectation_id))
+        await self._execute(cmds)
         return True
 
     async def forget(self, exp: RegisteredExpectation) -> None:
         """Drop a cancelled or finally decided expectation from the pending indexes."""
         assert self._index is not None
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for trace in exp.trace_ids():
-                await self._index(
-                    keys=[self.k.state(exp.tenant, trace)],
-                    args=[self.ttl_ms, "drop", 0, exp.expectation_id],
-                    client=pipe,
-                )
-            if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-                pipe.srem(self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
-            pipe.zrem(self.k.deadlines, member(exp.tenant, exp.expectation_id))
-            await pipe.execute()
+        cmds = Commands()
+        for trace in exp.trace_ids():
+            cmds.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "drop", 0, exp.expectation_id])
+        if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
+            cmds.add("SREM", self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
+        cmds.add("ZREM", self.k.deadlines, member(exp.tenant, exp.expectation_id))
+        await self._execute(cmds)
 
     async def mark_session_complete(self, tenant: str, session_id: str, at_ms: int) -> list[str]:
         """Record a session completion marker; return the session's pending expectation ids."""
@@ -373,7 +364,10 @@ class TraceStateStore:
     async def load_expectations(self, tenant: str, ids: Sequence[str]) -> dict[str, RegisteredExpectation]:
         if not ids:
             return {}
-        raw = await self.redis.mget([self.k.expectation(tenant, i) for i in ids])
+        cmds = Commands()  # one GET each: on a Redis Cluster the keys live in different slots
+        for i in ids:
+            cmds.add("GET", self.k.expectation(tenant, i))
+        raw = await self._execute(cmds)
         return {i: RegisteredExpectation.from_json(r) for i, r in zip(ids, raw, strict=True) if r is not None}
 
     async def load_states(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], TraceState | None]:

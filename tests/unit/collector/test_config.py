@@ -79,3 +79,13 @@ def test_fetch_max_wait_is_bounded_and_named(tmp_path: Path) -> None:
         p.write_text(f"kafka:\n  fetch_max_wait_ms: {bad}\n")
         with pytest.raises(ConfigError, match=r"kafka\.fetch_max_wait_ms"):
             load_config(p, env={})
+
+
+def test_redis_cluster_needs_tcp_and_database_0(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("redis:\n  cluster: true\n  url: redis://rc-0:6379\n")
+    assert load_config(p, env={}).redis.cluster
+    for url, why in (("unix:///run/redis.sock", "over TCP"), ("redis://rc-0:6379/2", "database 0")):
+        p.write_text(f"redis:\n  cluster: true\n  url: {url}\n")
+        with pytest.raises(ConfigError, match=rf"redis.*{why}"):
+            load_config(p, env={})

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.config import load_config
+from collector.config import ServiceConfig, load_config
 from collector.processors.decide import Decider
 from tests.unit.deploy.helpers import CHART, EXAMPLES, RELEASE, Helm, example_names, parse_docs
 
@@ -38,6 +38,11 @@ kafka:
   topics: {spans: otlp_spans, control: toolwitness.control, scores: toolwitness.scores,
            observations: toolwitness.observations, dlq: toolwitness.dlq}
   max_record_bytes: 4194304
+  max_poll_records: 500
+  poll_timeout_ms: 100
+  fetch_max_wait_ms: 10
+  request_timeout_ms: 30000
+  session_timeout_ms: 10000
   security:
     protocol: PLAINTEXT
     sasl_mechanism: ""
@@ -49,7 +54,11 @@ kafka:
 redis:
   url: "redis://redis:6379/0"
   password_env: TOOLWITNESS_REDIS_PASSWORD
+  cluster: false
+  key_prefix: tw
   state_ttl_seconds: 86400
+  completed_ttl_seconds: 300
+  socket_timeout_seconds: 5
 completion:
   mode: marker
   allowed_lateness_ms: 2000
@@ -57,7 +66,8 @@ completion:
   idle_partition_ms: 10000
   default_deadline_seconds: 300
   sweep_interval_ms: 250
-limits: {max_spans_per_trace: 10000, max_attributes_per_span: 1024, max_tool_executions_per_trace: 1000}
+limits: {max_spans_per_trace: 10000, max_attributes_per_span: 1024, max_tool_executions_per_trace: 1000,
+         max_argument_bytes: 1024}
 scorers:
   tools: {type: otel_tool_call}
 admin: {host: 0.0.0.0, port: 8888}
@@ -212,6 +222,24 @@ def test_default_configmap_is_exactly_the_contract(rendered: dict[str, list[dict
     cfg = service_config(rendered["default"])
     assert key_paths(cfg) == key_paths(CONTRACT)
     assert cfg == CONTRACT
+
+
+def test_every_service_setting_is_reachable_from_values() -> None:
+    """Each key of the service config is in the chart's contract, and the chart's default is the
+    service's own where the service has a deployment-neutral one."""
+    service = ServiceConfig().model_dump(mode="json")
+    # Set per pod or per deployment on purpose: the instance name (defaults to host:pid) and the
+    # endpoints / listen address, which have loopback defaults in the service.
+    chart_only = {"instance", "kafka.bootstrap_servers", "redis.url", "admin.host"}
+    settable = {p for p in key_paths(service) if not p.startswith("scorers.")} - {"instance"}
+    assert settable <= key_paths(CONTRACT), settable - key_paths(CONTRACT)
+    for path in settable - chart_only:
+        if path.startswith(("kafka.topics.", "kafka.security.")):
+            continue  # topic names and security env/file names are the chart's (documented) choices
+        want, got = service, CONTRACT
+        for part in path.split("."):
+            want, got = want[part], got[part]
+        assert got == want, f"{path}: chart default {got!r}, service default {want!r}"
 
 
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
@@ -462,6 +490,8 @@ def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, 
             "certKey and secrets.kafkaTls.keyKey go together",
         ),
         (["config.redis.url=redis://:hunter2@redis:6379/0"], "must not carry credentials"),
+        (["config.redis.cluster=true", "config.redis.url=redis://redis:6379/3"], "database 0 only"),
+        (["config.redis.cluster=true", "config.redis.url=unix:///run/redis.sock"], "database 0 only"),
         (["serviceMonitor.enabled=true", "service.enabled=false"], "needs service.enabled"),
         (
             ["autoscaling.enabled=true", "autoscaling.minReplicas=4", "autoscaling.maxReplicas=2"],

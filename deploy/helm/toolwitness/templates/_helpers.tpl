@@ -327,6 +327,9 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- fail "secrets.kafkaTls.existingSecret is set but names no key: set caKey and/or certKey+keyKey" }}
 {{- end }}
 {{- end }}
+{{- if and $v.config.redis.cluster (not (regexMatch "^rediss?://[^/]+(/0?)?$" $v.config.redis.url)) }}
+{{- fail "config.redis.cluster: a Redis Cluster is reached over redis:// or rediss:// (database 0 only), e.g. redis://redis-cluster:6379" }}
+{{- end }}
 {{- if regexMatch "^rediss?://[^/@]*@" $v.config.redis.url }}
 {{- fail "config.redis.url must not carry credentials: put the password in a Secret and set secrets.redis.existingSecret" }}
 {{- end }}
