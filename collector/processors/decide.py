@@ -83,7 +83,8 @@ def trace_coverage(
         elif st.span_count > st.marker_count:
             reasons.add(LATE_SPAN)
     elif st.marker_at_ms >= 0:
-        if watermark_ms >= st.marker_at_ms + cfg.allowed_lateness_ms:
+        # Without a count, a marker proves nothing for a trace of which no span was seen.
+        if st.span_count > 0 and watermark_ms >= st.marker_at_ms + cfg.allowed_lateness_ms:
             source = CompletionSource.WATERMARK
     elif (
         cfg.mode == "inferred"

@@ -73,6 +73,10 @@ class TraceAssembly:
             reasons.add(LATE_SPAN)
         if not self.complete_claimed or not self._count_satisfied():
             reasons.add(AWAITING_COMPLETION)
+        elif not self.span_ids and self.expected_span_count is None:
+            # "Complete" with no span seen and no count proves nothing (spans unsampled, never
+            # exported, a mistyped trace id): only an explicit ``span_count=0`` says "empty".
+            reasons.add(AWAITING_COMPLETION)
         if reasons:
             return Coverage.incomplete(*reasons)
         return Coverage.completed(self.completion_source)

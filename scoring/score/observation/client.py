@@ -73,7 +73,13 @@ class InMemoryTraceClient:
             self._traces.setdefault(trace_id, TraceAssembly(trace_id))
 
     def mark_complete(self, *, trace_ids: Sequence[str], span_count: int | None = None) -> None:
-        """Declare the traces complete: every span they will ever have has been exported."""
+        """Declare the traces complete: every span they will ever have has been exported.
+
+        Without ``span_count`` a trace of which no span was seen stays incomplete (give
+        ``span_count=0`` for a trace that really has none)."""
+        if isinstance(trace_ids, str | bytes):
+            raise TypeError(f"trace_ids must be a sequence of trace ids, not one {type(trace_ids).__name__}: "
+                            f"mark_complete(trace_ids=({trace_ids!r},))")
         with self._lock:
             self._check_open()
             for t in trace_ids:

@@ -135,6 +135,15 @@ CI = CompletionConfig(mode="inferred", allowed_lateness_ms=100)
             id="marker-no-count-after-watermark",
         ),
         pytest.param(
+            _state(span_count=0, marker_at_ms=1000),
+            9999,
+            C,
+            {"awaiting_completion"},
+            None,
+            id="marker-no-count-no-span-seen",
+        ),
+        pytest.param(_state(span_count=0, marker_count=0), 0, C, set(), CompletionSource.MARKER, id="count-0-explicit"),
+        pytest.param(
             _state(span_count=2, root_end_ms=1000),
             5000,
             C,

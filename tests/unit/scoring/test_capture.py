@@ -170,7 +170,8 @@ async def test_exporter_refuses_finite_attribute_length_and_absence_stays_undete
     client.mark_complete(trace_ids=(trace_id,))
     (result,) = client.query([trace_id])
     assert not result.coverage.complete
-    assert result.coverage.reasons == (ATTRIBUTE_LIMITS,)
+    # every span was refused: nothing seen, so "complete" without a count proves nothing either
+    assert set(result.coverage.reasons) == {ATTRIBUTE_LIMITS, AWAITING_COMPLETION}
     # FALSE is impossible: a truncated name cannot prove which tool ran, even after completion.
     assert await verdict(scorer, scope, expects("summarize")) is U
     assert await verdict(scorer, scope, expects("a_rather_long_tool_name")) is U
@@ -242,6 +243,27 @@ async def test_mark_complete_is_per_trace(client: InMemoryTraceClient, scorer: O
     # Both traces together: absence needs both complete.
     assert await verdict(scorer, TraceScorable(trace_ids=(TRACE_A, TRACE_B)), expects("email")) is U
     assert await verdict(scorer, TraceScorable(trace_ids=(TRACE_A, TRACE_B)), expects("search")) is T
+
+
+async def test_complete_without_count_and_without_spans_proves_nothing(
+    client: InMemoryTraceClient, scorer: OtelToolCallScorer
+) -> None:
+    # Spans unsampled or never exported, or a mistyped trace id: "complete" alone is no evidence.
+    a = TraceScorable(trace_ids=(TRACE_A,))
+    client.mark_complete(trace_ids=(TRACE_A,))
+    assert await verdict(scorer, a, expects("email")) is U
+    # Spans that come after that claim are late for it: absence stays unproven, presence is TRUE.
+    client.add_spans([tool_span(TRACE_A, 1), tool_span(TRACE_A, 2, "search", parent=1)])
+    assert await verdict(scorer, a, expects("email")) is U
+    assert await verdict(scorer, a, expects("search")) is T
+    # An explicit count of 0 is a claim about an empty trace: absence is proven.
+    client.mark_complete(trace_ids=(TRACE_B,), span_count=0)
+    assert await verdict(scorer, TraceScorable(trace_ids=(TRACE_B,)), expects("email")) is F
+
+
+def test_mark_complete_refuses_one_bare_trace_id(client: InMemoryTraceClient) -> None:
+    with pytest.raises(TypeError, match=r"trace_ids must be a sequence.*mark_complete\(trace_ids=\("):
+        client.mark_complete(trace_ids=TRACE_A)  # type: ignore[arg-type]
 
 
 async def test_mark_complete_with_span_count_waits_for_the_spans(

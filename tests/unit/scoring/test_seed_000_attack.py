@@ -217,10 +217,10 @@ async def test_retries_only_on_failure_and_validates_before_sending() -> None:
             objective_scorer=scorer)).execute_async(objective="x")
     assert seen == []
 
-    # Each request's (empty) trace is declared complete by the transport -> FAILURE -> retried.
+    # Each request's empty trace is declared complete (0 spans) by the transport -> FAILURE -> retried.
     async def complete_then_done(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        client.mark_complete(trace_ids=(request.headers["traceparent"].split("-")[1],))
+        client.mark_complete(trace_ids=(request.headers["traceparent"].split("-")[1],), span_count=0)
         return httpx.Response(200, text="done")
 
     retrying = PromptSendingAttack(
