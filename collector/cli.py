@@ -35,10 +35,12 @@ def run(config: ConfigOpt = None) -> None:
     """Run the streaming scorer: otlp_spans + control → Redis → scores + observations."""
     from collector.config import ConfigError, load_config
     from collector.pipeline.service import ToolwitnessService
+    from collector.processors.decide import Decider
 
     try:
         cfg = load_config(config)
-    except ConfigError as exc:
+        Decider(cfg)  # every scorer tree builds (as validate-config checks) before anything starts
+    except (ConfigError, ValueError) as exc:
         typer.echo(f"toolwitness: {exc}", err=True)
         raise typer.Exit(2) from None
     _logging(cfg.log_level)
@@ -90,10 +92,14 @@ def sidecar(
     ),
 ) -> None:
     """OTLP/gRPC TraceService receiver that forwards spans to Kafka keyed by trace id."""
-    from collector.config import load_config
+    from collector.config import ConfigError, load_config
     from collector.receivers.otlp_grpc import SidecarConfig, run_sidecar
 
-    cfg = load_config(config)
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        typer.echo(f"toolwitness: {exc}", err=True)
+        raise typer.Exit(2) from None
     _logging(cfg.log_level)
     sidecar_cfg = SidecarConfig(
         listen=listen, kafka=cfg.kafka, bearer_token_env=token_env, tls_certfile=tls_cert, tls_keyfile=tls_key

@@ -65,6 +65,8 @@ class Scorer(ABC):
     supported_conditions: ClassVar[frozenset[str]] = frozenset()
     #: a leaf that has nothing to check without conditions.
     requires_conditions: ClassVar[bool] = False
+    #: a leaf that can judge text (``ContentScorable``): the conversation wrapper hands it text.
+    reads_text: ClassVar[bool] = True
 
     def __init__(self, *, categories: Sequence[str] | None = None) -> None:
         self._categories = tuple(categories or ())

@@ -52,9 +52,9 @@ class OtelToolCallScorer(TrueFalseScorer):
     is three-valued: absence is FALSE only with complete coverage.
     """
 
-    supported_conditions: ClassVar[frozenset[str]] = frozenset(
-        {"tools_called", "tool_sequence", "payload_propagated"}
-    )
+    reads_text: ClassVar[bool] = False  # it judges traces: given text it has nothing to say
+
+    supported_conditions: ClassVar[frozenset[str]] = frozenset({"tools_called", "tool_sequence", "payload_propagated"})
     requires_conditions: ClassVar[bool] = True
 
     def __init__(self, *, source: ObservationSource, categories: Sequence[str] | None = None) -> None:

@@ -67,6 +67,12 @@ class TrueFalseCompositeScorer(TrueFalseScorer):
         for s in scorers:
             if s.scorer_type != "true_false":
                 raise TypeError(f"{type(s).__name__} is not a true/false scorer")
+        if not isinstance(aggregator, TrueFalseScoreAggregator):
+            try:  # the names and values of the aggregator ("AND", "and", ...) are accepted too
+                aggregator = TrueFalseScoreAggregator[str(aggregator).upper()]
+            except KeyError:
+                choices = ", ".join(a.name for a in TrueFalseScoreAggregator)
+                raise ValueError(f"aggregator must be one of {choices}, got {aggregator!r}") from None
         self._aggregator = aggregator
         self._scorers = tuple(scorers)
 
@@ -139,9 +145,7 @@ class TrueFalseInverterScorer(TrueFalseScorer):
 class FloatScaleThresholdScorer(TrueFalseScorer):
     """TRUE when a float-scale score meets ``threshold`` (>=); UNDETERMINED passes through."""
 
-    def __init__(
-        self, *, scorer: FloatScaleScorer, threshold: float, categories: Sequence[str] | None = None
-    ) -> None:
+    def __init__(self, *, scorer: FloatScaleScorer, threshold: float, categories: Sequence[str] | None = None) -> None:
         super().__init__(categories=categories)
         if scorer.scorer_type != "float_scale":
             raise TypeError(f"{type(scorer).__name__} is not a float-scale scorer")
@@ -359,11 +363,24 @@ class ConversationFloatScaleScorer(_ConversationMixin, FloatScaleScorer):
         return await self._conversation_score(self, scorable, expectation, context)
 
 
+def _leaves(scorer: Scorer) -> list[Scorer]:
+    kids = scorer.children()
+    return [leaf for k in kids for leaf in _leaves(k)] if kids else [scorer]
+
+
 def create_conversation_scorer(*, scorer: Scorer) -> Scorer:
     """Wrap a text scorer so it judges the whole conversation of a scored message.
 
     The result keeps the wrapped scorer's family (true/false or float scale).
     """
+    blind = [type(s).__name__ for s in _leaves(scorer) if not s.reads_text]
+    if blind:
+        # It would get the conversation's text, find nothing to judge and drop out of any
+        # composite around it: a required criterion silently ignored.
+        raise ScorerConfigurationError(
+            f"create_conversation_scorer: {', '.join(sorted(set(blind)))} cannot judge text; "
+            "only text scorers (e.g. SubStringScorer) can score a whole conversation"
+        )
     if isinstance(scorer, TrueFalseScorer):
         return ConversationTrueFalseScorer(scorer=scorer)
     if isinstance(scorer, FloatScaleScorer):

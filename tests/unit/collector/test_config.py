@@ -89,3 +89,18 @@ def test_redis_cluster_needs_tcp_and_database_0(tmp_path: Path) -> None:
         p.write_text(f"redis:\n  cluster: true\n  url: {url}\n")
         with pytest.raises(ConfigError, match=rf"redis.*{why}"):
             load_config(p, env={})
+
+
+@pytest.mark.parametrize("command", ["run", "validate-config", "sidecar"])
+def test_commands_name_a_bad_config_and_exit_2(tmp_path: Path, command: str) -> None:
+    # `run` builds every scorer tree before it starts anything (as validate-config does); no traceback.
+    from typer.testing import CliRunner
+
+    from collector.cli import app
+
+    p = tmp_path / "c.yaml"
+    p.write_text("scorers:\n  t:\n    type: composite\n" if command != "sidecar" else "kafka:\n  nope: 1\n")
+    result = CliRunner().invoke(app, [command, "--config", str(p)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert ("scorers.t" if command != "sidecar" else "kafka.nope") in result.output
