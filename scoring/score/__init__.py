@@ -7,6 +7,7 @@ from scoring.score.base import (
     ScoringContext,
     TrueFalseScorer,
 )
+from scoring.score.evaluable import ScorerEvalDatasetFiles
 from scoring.score.identity import ScorerIdentifier
 from scoring.score.text_scorers import PlagiarismMetric, PlagiarismScorer, SubStringScorer
 from scoring.score.trace_scorer import OtelToolCallScorer
@@ -20,16 +21,42 @@ from scoring.score.wrappers import (
     create_conversation_scorer,
 )
 
+#: The scorer-metrics names PyRIT's ``pyrit.score`` exports (seed 004), loaded on first use: the
+#: evaluation package pulls in numpy and scipy, which scoring alone never needs.
+_EVALUATION = {
+    "HarmScorerMetrics": "scoring.evaluation.metrics",
+    "ObjectiveScorerMetrics": "scoring.evaluation.metrics",
+    "RegistryUpdateBehavior": "scoring.evaluation.registry",
+    "ScorerMetricsWithIdentity": "scoring.evaluation.registry",
+    "get_all_harm_metrics": "scoring.evaluation.registry",
+    "get_all_objective_metrics": "scoring.evaluation.registry",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _EVALUATION.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scoring.score' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "FloatScaleFallbackScorer",
     "FloatScaleScorer",
     "FloatScaleThresholdScorer",
+    "HarmScorerMetrics",
+    "ObjectiveScorerMetrics",
     "OtelToolCallScorer",
     "PlagiarismMetric",
     "PlagiarismScorer",
+    "RegistryUpdateBehavior",
     "Scorer",
     "ScorerConfigurationError",
+    "ScorerEvalDatasetFiles",
     "ScorerIdentifier",
+    "ScorerMetricsWithIdentity",
     "ScoringContext",
     "SubStringScorer",
     "TrueFalseCompositeScorer",
@@ -38,4 +65,6 @@ __all__ = [
     "TrueFalseScoreAggregator",
     "TrueFalseScorer",
     "create_conversation_scorer",
+    "get_all_harm_metrics",
+    "get_all_objective_metrics",
 ]

@@ -24,6 +24,7 @@ from scoring.models.evidence import Observation
 from scoring.models.scorables import ContentScorable, Scorable
 from scoring.models.score import MetadataValue, Score, ScoreType
 from scoring.models.status import ScoreStatus, Verdict
+from scoring.score.evaluable import EvaluationMethods
 from scoring.score.identity import ScorerIdentifier
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class ScoringContext:
         return not self.streaming or self.final
 
 
-class Scorer(ABC):
+class Scorer(EvaluationMethods, ABC):
     """Base of all scorers. Subclasses set ``scorer_type`` and implement ``_score_async``."""
 
     scorer_type: ClassVar[ScoreType]
