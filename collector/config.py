@@ -121,6 +121,11 @@ class LimitsConfig(_Section):
     max_tool_executions_per_trace: int = Field(default=1000, ge=1)
     #: arguments longer than this are kept truncated (and judged UNDETERMINED).
     max_argument_bytes: int = Field(default=1024, ge=16)
+    #: largest observation record published. A bigger one (many executions with long arguments,
+    #: a large session) is judged and published with its arguments cut to fit (TRUNCATED, so
+    #: argument conditions are UNDETERMINED), or without its executions (limit_exceeded); the
+    #: Kafka producer refuses records over 1 MiB, which would stall the partition for good.
+    max_observation_bytes: int = Field(default=900_000, ge=65_536, le=1_000_000)
 
 
 class ScorerTreeConfig(_Section):

@@ -38,7 +38,7 @@ from collector.config import ServiceConfig
 from collector.exporters.kafka import DeadLetter, KafkaExporter
 from collector.pipeline.engine import Engine, Published, Work
 from collector.processors.completion import WatermarkTracker
-from collector.processors.decide import Outcome
+from collector.processors.decide import Outcome, scope_bytes_bound
 from collector.processors.normalize import rejected_fact
 from collector.processors.trace_state import TraceStateStore
 from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts
@@ -218,6 +218,13 @@ class Checkpoint:
                     # gives the expectation the same creation time and deadline again.
                     now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
                 )
+                if scope_bytes_bound(exp.scope) > self.cfg.limits.max_observation_bytes // 2:
+                    # Its observations could never be published (the scope is part of each).
+                    raise ControlDecodeError(
+                        "expectation_too_large",
+                        f"the scope's text and trace ids may take {scope_bytes_bound(exp.scope):,} bytes; at most "
+                        f"half of limits.max_observation_bytes ({self.cfg.limits.max_observation_bytes:,}) is allowed",
+                    )
                 tree = self.engine.decider.trees.get(exp.scorer)
                 if tree is None:
                     raise ControlDecodeError("unknown_scorer", f"scorer tree {exp.scorer!r} is not configured")

@@ -16,7 +16,7 @@ from collector.config import ServiceConfig
 from collector.exporters.kafka import KafkaExporter
 from collector.processors.decide import Decider, Outcome
 from collector.processors.trace_state import DecideRequest, TraceState, TraceStateStore
-from collector.telemetry.metrics import DECISIONS, RESENT, REVISIONS, TIME_TO_VERDICT
+from collector.telemetry.metrics import DECISIONS, OVERSIZED, RESENT, REVISIONS, TIME_TO_VERDICT
 from collector.wire.convert import RegisteredExpectation, decode_observation, encode
 from scoring.models import SessionScorable, Verdict
 
@@ -110,6 +110,9 @@ class Engine:
                 session_complete=session_complete,
                 lost=exp.created_ms < self.lost_at_ms,
             )
+            if not self.decider.fits(obs):  # judged on exactly what will be published
+                obs = self.decider.shrink(obs)
+                OVERSIZED.labels(self.name).inc()
             verdict, rationale, meta = await self.decider.judge(exp, obs, final=final)
             if k in work.revisions:
                 prev = await self.store.get_decision(exp.tenant, exp.expectation_id)

@@ -19,6 +19,7 @@ from collector.processors.normalize import unpack_execution
 from collector.processors.trace_state import TraceState
 from collector.wire.convert import (
     RegisteredExpectation,
+    encode,
     observation_to_proto,
     score_id_for,
     set_duration,
@@ -36,7 +37,15 @@ from scoring.models import (
     TraceScorable,
     Verdict,
 )
-from scoring.models.evidence import AWAITING_COMPLETION, LATE_SPAN, NORMALIZATION_VERSION, ORPHAN_PARENT, STATE_LOST
+from scoring.models.evidence import (
+    AWAITING_COMPLETION,
+    LATE_SPAN,
+    LIMIT_EXCEEDED,
+    NORMALIZATION_VERSION,
+    ORPHAN_PARENT,
+    STATE_LOST,
+    CaptureState,
+)
 from scoring.score import (
     Scorer,
     ScoringContext,
@@ -58,6 +67,23 @@ _COMPLETED = {s: Coverage.completed(s) for s in CompletionSource}
 @lru_cache(maxsize=256)
 def _incomplete(reasons: frozenset[str]) -> Coverage:
     return Coverage.incomplete(*reasons)
+
+
+def _cut_arguments(e: ToolExecution, max_chars: int) -> ToolExecution:
+    if e.arguments is None or len(e.arguments) <= max_chars:
+        return e
+    return ToolExecution.trusted(
+        e.name,
+        e.trace_id,
+        e.span_id,
+        e.call_id,
+        e.status,
+        e.start_time_unix_nano,
+        e.end_time_unix_nano,
+        e.arguments[:max_chars],
+        CaptureState.TRUNCATED,
+        e.convention,
+    )
 
 
 def build_tree(cfg: ScorerTreeConfig, path: str = "scorers") -> Scorer:
@@ -96,6 +122,26 @@ def trace_coverage(
     if source is None:
         reasons.add(AWAITING_COMPLETION)
     return (reasons, None) if reasons else (set(), source)
+
+
+#: bytes an execution takes besides its arguments, in the larger (JSON) encoding: name, ids,
+#: times, enums, field names.
+EXECUTION_OVERHEAD = 400
+#: bytes of an observation besides its executions and scope texts (coverage, times, ids).
+OBSERVATION_OVERHEAD = 4096
+#: UTF-8 and JSON escaping make a character at most this many bytes.
+BYTES_PER_CHAR = 6
+
+
+def _scope_chars(scope: object) -> int:
+    text = getattr(scope, "response_text", None) or ""
+    ids = getattr(scope, "trace_ids", None) or ()
+    return len(text) + 40 * len(ids) + len(getattr(scope, "session_id", "") or "")
+
+
+def scope_bytes_bound(scope: object) -> int:
+    """At most this many bytes of an observation record are its scope's."""
+    return BYTES_PER_CHAR * _scope_chars(scope)
 
 
 def executions_of(st: TraceState, trace_id: str) -> list[ToolExecution]:
@@ -178,6 +224,45 @@ class Decider:
             acquisition=acquisition,
             normalization_version=NORMALIZATION_VERSION,
             captured_at=datetime.now(UTC),
+        )
+
+    def fits(self, observation: Observation) -> bool:
+        """True if the observation's record is at most ``limits.max_observation_bytes``.
+
+        A bound from the argument lengths settles it for almost every observation without
+        encoding it; only a large one is encoded to measure."""
+        budget = self.cfg.limits.max_observation_bytes
+        chars = _scope_chars(observation.scorable)
+        for e in observation.tool_executions:
+            if e.arguments:
+                chars += len(e.arguments)
+        bound = OBSERVATION_OVERHEAD + BYTES_PER_CHAR * chars + EXECUTION_OVERHEAD * len(observation.tool_executions)
+        if bound <= budget:
+            return True
+        return len(encode(observation_to_proto(observation), self.cfg.kafka.output_format)) <= budget
+
+    def shrink(self, observation: Observation) -> Observation:
+        """An observation that fits, made from one that does not: first every execution's
+        arguments cut to an equal share of the budget (TRUNCATED, so argument conditions are
+        UNDETERMINED on it), then, if the executions alone are too many, none of them
+        (coverage ``limit_exceeded``: absence unprovable, presence unknown). The caller judges
+        the result again: the verdict is always the one its published evidence gives."""
+        budget = self.cfg.limits.max_observation_bytes
+        execs = observation.tool_executions
+        room = budget - OBSERVATION_OVERHEAD - BYTES_PER_CHAR * _scope_chars(observation.scorable)
+        share = (room - EXECUTION_OVERHEAD * len(execs)) // max(1, len(execs)) // BYTES_PER_CHAR
+        if share >= 16:
+            cut = tuple(_cut_arguments(e, share) for e in execs)
+            smaller = observation.model_copy(update={"tool_executions": cut})
+            if self.fits(smaller):
+                return smaller
+        reasons = {*observation.coverage.reasons, LIMIT_EXCEEDED}
+        return observation.model_copy(
+            update={
+                "tool_executions": (),
+                "coverage": _incomplete(frozenset(reasons)),
+                "acquisition": Acquisition.PARTIAL,
+            }
         )
 
     async def judge(

@@ -38,6 +38,13 @@ RESENT = Counter(
     "toolwitness_scores_resent", "Identical score events re-sent after a crash or by the sweeper.", ["component"],
     registry=REGISTRY,
 )
+OVERSIZED = Counter(
+    "toolwitness_observations_shrunk",
+    "Observations over limits.max_observation_bytes, judged and published with arguments cut or "
+    "without executions.",
+    ["component"],
+    registry=REGISTRY,
+)
 TIME_TO_VERDICT = Histogram(
     "toolwitness_time_to_verdict_seconds",
     "From expectation registration (or deciding record) to score publication.",

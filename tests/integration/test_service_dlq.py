@@ -35,7 +35,7 @@ from collector.exporters.kafka import DLQ_PREVIEW_BYTES
 from collector.telemetry.metrics import REGISTRY
 from collector.wire.convert import scope_to_proto
 from collector.wire.gen import control_pb2
-from scoring.models import TraceScorable
+from scoring.models import MessageScorable, TraceScorable
 from tests.integration.harness import (
     BatchLog,
     control_client,
@@ -193,6 +193,16 @@ def bad_regex_expectation(expectation_id: str, trace_id: str) -> bytes:
     return control_pb2.ControlMessage(expectation=msg).SerializeToString()
 
 
+def huge_scope_expectation(expectation_id: str, trace_id: str) -> bytes:
+    """A message-scoped expectation whose response text alone would not fit an observation record."""
+    scope = MessageScorable(message_id="m-1", trace_ids=(trace_id,), response_text="x" * 200_000)
+    msg = control_pb2.Expectation(expectation_id=expectation_id, tenant="default", scorer="tools",
+                                  scope=scope_to_proto(scope), conditions=[control_pb2.Condition(
+                                      tools_called=control_pb2.ToolsCalled(
+                                          tools=[control_pb2.ToolCallRequirement(name="search")]))])
+    return control_pb2.ControlMessage(expectation=msg).SerializeToString()
+
+
 def one_span(trace_id: str | bytes, t0_ms: int, **attrs: str | int) -> ExportTraceServiceRequest:
     return otlp_request([otlp_span(trace_id, name="x", start_ms=t0_ms, end_ms=t0_ms + 1, attrs=attrs)])
 
@@ -244,8 +254,9 @@ async def test_bad_span_and_control_records_go_to_the_dlq(kafka_bootstrap: str, 
     plan.control.insert(4, ("unknown-scorer", expectation_bytes("unknown-scorer", [other], expects("search"),
                                                                  scorer="no_such_tree")))
     plan.control.insert(7, ("bad-regex", bad_regex_expectation("bad-regex", other)))
+    plan.control.insert(9, ("huge-scope", huge_scope_expectation("huge-scope", other)))
     plan.reasons.update({"control-garbage": "undecodable_control", "unknown-scorer": "unknown_scorer",
-                         "bad-regex": "invalid_expectation"})
+                         "bad-regex": "invalid_expectation", "huge-scope": "expectation_too_large"})
     try:
         result = await run_plan(cfg, plan, max_request_size=8 * 1024 * 1024)
     finally:

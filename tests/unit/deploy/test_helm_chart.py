@@ -67,7 +67,7 @@ completion:
   default_deadline_seconds: 300
   sweep_interval_ms: 250
 limits: {max_spans_per_trace: 10000, max_attributes_per_span: 1024, max_tool_executions_per_trace: 1000,
-         max_argument_bytes: 1024}
+         max_argument_bytes: 1024, max_observation_bytes: 900000}
 scorers:
   tools: {type: otel_tool_call}
 admin: {host: 0.0.0.0, port: 8888}

@@ -1,0 +1,118 @@
+"""An observation too large for one Kafka record is judged and published in a form that fits.
+
+The producer refuses records over 1 MiB; a retriable refusal would stall the partition for good
+(the decision is stored, every replay and sweep fails the same way). 1,000 executions with
+1,024-byte arguments (both default limits) make a 1.16 MB observation. The decision step now
+judges and publishes a smaller one: arguments cut (TRUNCATED), else no executions
+(limit_exceeded) -- and the verdict is always what that published evidence gives on replay.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from collector.config import ServiceConfig
+from collector.pipeline.engine import Engine, Work
+from collector.processors.normalize import pack_tool
+from collector.processors.trace_state import TraceState
+from collector.wire.convert import RegisteredExpectation, decode_observation, encode, observation_from_proto
+from scoring.models import (
+    ArgumentMatcher,
+    CaptureState,
+    ScoringExpectation,
+    ToolCallRequirement,
+    ToolsCalled,
+    TraceScorable,
+    Verdict,
+)
+from scoring.models.evidence import LIMIT_EXCEEDED
+from scoring.score import OtelToolCallScorer
+from scoring.score.observation import InMemoryTraceClient, OtelTraceSource
+
+TENANT, TRACE = "default", "0af7651916cd43dd8448eb211c80319c"
+
+
+class _NoStore:
+    async def load_states(self, keys: Any) -> dict[Any, Any]:
+        return {}
+
+
+def _state(n: int, arg_chars: int) -> TraceState:
+    args = json.dumps({"q": "x" * (arg_chars - 9)})
+    t0 = 1_700_000_000_000_000_000
+    xs = [
+        pack_tool(f"{i:011d}", "search" if i % 2 else "fetch", False, t0 + i * 1000, t0 + i * 1000 + 500,
+                  CaptureState.CAPTURED, args, None, False)
+        for i in range(n)
+    ]
+    return TraceState(span_count=n, executions=xs, marker_count=n)
+
+
+def _expect(ident: str, req: ToolCallRequirement) -> RegisteredExpectation:
+    now = int(time.time() * 1000)
+    return RegisteredExpectation(ident, TENANT, TraceScorable(trace_ids=(TRACE,)), "tools",
+                                 ScoringExpectation(conditions=(ToolsCalled(tools=(req,)),)), now + 60_000, now)
+
+
+async def _decide(fmt: str, n: int, arg_chars: int, *exps: RegisteredExpectation, final: bool = False) -> list[Any]:
+    cfg = ServiceConfig.model_validate({"kafka": {"output_format": fmt}})
+    engine = Engine(cfg, _NoStore(), None)  # type: ignore[arg-type]
+    work = Work()
+    for e in exps:
+        engine.remember(e)
+        work.add(TENANT, [e.expectation_id], "span")
+        if final:
+            work.final.add((TENANT, e.expectation_id))
+    work.states[(TENANT, TRACE)] = _state(n, arg_chars)
+    return await engine.evaluate(work, 0)
+
+
+async def _replayed(observation_bytes: bytes, exp: RegisteredExpectation) -> Verdict:
+    obs = observation_from_proto(decode_observation(observation_bytes))
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=InMemoryTraceClient()))
+    (score,) = await scorer.score_observation_async(observation=obs, expectation=exp.expectation)
+    return score.verdict
+
+
+@pytest.mark.parametrize("fmt", ["protobuf", "json"])
+async def test_arguments_are_cut_to_fit_and_the_verdict_is_the_published_evidences(fmt: str) -> None:
+    ran = _expect("ran", ToolCallRequirement(name="search"))
+    args = _expect("args", ToolCallRequirement(name="search", arguments=(ArgumentMatcher(path="$.q", regex="^x+$"),)))
+    budget = ServiceConfig().limits.max_observation_bytes
+    (out,) = await _decide(fmt, 1000, 1024, ran, args)  # args: UNDETERMINED on cut arguments, not final
+    assert out.expectation.expectation_id == "ran" and out.verdict is Verdict.TRUE
+    body = encode(out.observation, fmt)
+    assert len(body) <= budget  # the uncut observation is over 1 MB
+    obs = observation_from_proto(decode_observation(body))
+    assert len(obs.tool_executions) == 1000  # every execution kept: absence stays provable
+    assert {e.arguments_state for e in obs.tool_executions} == {CaptureState.TRUNCATED}
+    assert obs.coverage.complete
+    assert await _replayed(body, ran) is Verdict.TRUE
+    # At the deadline the argument condition is published UNDETERMINED, as replay gives it.
+    outs = {o.expectation.expectation_id: o for o in await _decide(fmt, 1000, 1024, args, final=True)}
+    assert outs["args"].verdict is Verdict.UNDETERMINED
+    assert await _replayed(encode(outs["args"].observation, fmt), args) is Verdict.UNDETERMINED
+
+
+async def test_small_observations_are_untouched() -> None:
+    args = _expect("args", ToolCallRequirement(name="search", arguments=(ArgumentMatcher(path="$.q", regex="^x+$"),)))
+    (out,) = await _decide("protobuf", 10, 1024, args)
+    assert out.verdict is Verdict.TRUE  # judged on the full arguments
+    obs = observation_from_proto(decode_observation(encode(out.observation, "protobuf")))
+    assert {e.arguments_state for e in obs.tool_executions} == {CaptureState.CAPTURED}
+
+
+async def test_too_many_executions_publish_none_and_never_a_negative() -> None:
+    ran = _expect("ran", ToolCallRequirement(name="search"))
+    never = _expect("absent", ToolCallRequirement(name="delete_everything"))
+    outs = {o.expectation.expectation_id: o for o in await _decide("protobuf", 20_000, 16, ran, never, final=True)}
+    for ident in ("ran", "absent"):
+        body = encode(outs[ident].observation, "protobuf")
+        obs = observation_from_proto(decode_observation(body))
+        assert obs.tool_executions == () and LIMIT_EXCEEDED in obs.coverage.reasons
+        assert outs[ident].verdict is Verdict.UNDETERMINED  # neither TRUE nor a FALSE from missing evidence
+        assert len(body) <= ServiceConfig().limits.max_observation_bytes
