@@ -214,6 +214,22 @@ class _Health:
 _health = _Health()
 
 
+def endpoint_of_url(base_url: str) -> tuple[str, bool | None]:
+    """``host:port`` and whether to use TLS (None: as ``TOOLWITNESS_POISONING_TLS`` says) for the
+    seed SDK's ``base_url``: ``https://host[:port][/path]``, ``http://host[:port]`` or ``host:port``."""
+    scheme, sep, rest = base_url.strip().partition("://")
+    if not sep:
+        return base_url.strip(), None
+    if scheme.lower() not in ("http", "https"):
+        raise ValueError(f"base_url must be http(s)://host[:port] or host:port, got {base_url!r}")
+    tls = scheme.lower() == "https"
+    hostport = rest.split("/", 1)[0]
+    _, colon, port = hostport.rpartition(":")
+    if not colon or not port.isdigit() or hostport.endswith("]"):
+        hostport = f"{hostport}:{443 if tls else 80}"
+    return hostport, tls
+
+
 def _host(endpoint: str) -> str:
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -316,17 +332,27 @@ async def intercept_tool(
     policy: CapturePolicy | None = None,
     endpoint: str | None = None,
     bearer_token: str | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
 ) -> JsonValue:
     """Report one tool call and return the result to use (see the module docstring).
 
     ``endpoint`` / ``bearer_token`` override ``TOOLWITNESS_POISONING_ENDPOINT`` /
-    ``TOOLWITNESS_POISONING_TOKEN``. Never raises (except cancellation): on any error the
-    real ``result`` is returned.
+    ``TOOLWITNESS_POISONING_TOKEN``; the seed SDK's names are accepted too: ``api_key`` (the
+    bearer token) and ``base_url`` (``https://host[:port]`` = TLS, ``http://host:port`` =
+    plaintext, or ``host:port``). Never raises (except cancellation): on any error the real
+    ``result`` is returned.
     """
-    env = os.environ
+    env: Mapping[str, str] = os.environ
     if not intercept_enabled(env):
         return result
     try:
+        if bearer_token is None:
+            bearer_token = api_key
+        if endpoint is None and base_url is not None:
+            endpoint, tls = endpoint_of_url(base_url)
+            if tls is not None:
+                env = {**env, ENV_TLS: "true" if tls else "false"}
         if not isinstance(tool_name, str) or not tool_name:
             raise ValueError("tool_name must be a non-empty string")
         if not isinstance(session_id, str) or not session_id:

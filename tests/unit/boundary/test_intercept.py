@@ -361,3 +361,45 @@ async def test_invalid_calls_and_unserializable_results_fail_open(
     assert await intercept_tool(tool_name="t", tool_arguments="{}", result=odd, session_id="s", tracer=tracer) is odd
     nan: Any = float("nan")
     assert await intercept_tool(tool_name="t", tool_arguments="{}", result=nan, session_id="s", tracer=tracer) is nan
+
+
+async def test_the_seed_sdks_base_url_and_api_key_reach_the_service(memory_tracer: Tracing,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # The seed's signature: intercept_tool(tool_name=, tool_arguments=, result=, session_id=, api_key=, base_url=).
+    provider, _ = memory_tracer
+    reg = registry()
+    canary = reg.canaries_for("sess-enrolled")[0]
+    async with poisoning(reg) as server:
+        monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+        monkeypatch.delenv("TOOLWITNESS_POISONING_ENDPOINT", raising=False)
+        returned = await intercept_tool(
+            tool_name="fetch_page", tool_arguments="{}", result="Quarterly report.", session_id="sess-enrolled",
+            api_key=None, base_url=f"http://{server.endpoint}", tracer=provider.get_tracer("agent"),
+        )
+    assert isinstance(returned, str) and canary in returned and server.calls == 1
+
+
+async def test_api_key_is_a_bearer_token_never_sent_in_clear_text_off_loopback(
+    egress: list[str], memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, exporter = memory_tracer
+    monkeypatch.setattr(intercept_mod, "_ask_service", REAL_ASK_SERVICE)
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    returned = await intercept_tool(tool_name="t", tool_arguments="{}", result="real", session_id="s",
+                                    api_key="k", base_url="http://192.0.2.10:4320", tracer=provider.get_tracer("a"))
+    assert returned == "real" and egress == []
+    assert attrs(exporter)["toolwitness.tool.intercept.error"] == "refused"
+
+
+@pytest.mark.parametrize(
+    ("url", "endpoint", "tls"),
+    [
+        ("https://red.example.test", "red.example.test:443", True),
+        ("https://red.example.test:8443/v1/", "red.example.test:8443", True),
+        ("http://127.0.0.1:4320", "127.0.0.1:4320", False),
+        ("http://[::1]", "[::1]:80", False),
+        ("poison.internal:4320", "poison.internal:4320", None),
+    ],
+)
+def test_base_url_forms(url: str, endpoint: str, tls: bool | None) -> None:
+    assert intercept_mod.endpoint_of_url(url) == (endpoint, tls)
