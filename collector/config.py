@@ -11,10 +11,12 @@ the config names the environment variables that hold them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -171,7 +173,15 @@ class ConfigError(ValueError):
 
 
 ENV_PREFIX = "TOOLWITNESS_"
-_SHORTHANDS = {"TOOLWITNESS_KAFKA_BOOTSTRAP": ("kafka", "bootstrap_servers"), "TOOLWITNESS_REDIS_URL": ("redis", "url")}
+#: single-underscore names: two documented shorthands and the top-level scalars
+_SHORTHANDS = {
+    "TOOLWITNESS_KAFKA_BOOTSTRAP": ("kafka", "bootstrap_servers"),
+    "TOOLWITNESS_REDIS_URL": ("redis", "url"),
+    "TOOLWITNESS_LOG_LEVEL": ("log_level",),
+    "TOOLWITNESS_INSTANCE": ("instance",),
+}
+
+log = logging.getLogger("toolwitness.config")
 
 
 def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -184,18 +194,61 @@ def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any]]:
-    out: list[tuple[tuple[str, ...], Any]] = []
+def _leaf_type(path: tuple[str, ...]) -> Any:
+    """The annotation of the config field at ``path`` (None if there is no such field)."""
+    model: Any = ServiceConfig
+    ann: Any = None
+    for part in path:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        ann = model.model_fields[part].annotation
+        model = ann
+    return ann
+
+
+def _is_text(ann: Any) -> bool:
+    return ann is str or (get_origin(ann) in (Union, UnionType) and str in get_args(ann))
+
+
+def _config_paths(model: type[BaseModel] = ServiceConfig, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(_config_paths(ann, (*prefix, name)))
+        else:
+            out.append((*prefix, name))
+    return out
+
+
+def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any, str]]:
+    """(path, value, variable) for every config override in ``env``.
+
+    ``TOOLWITNESS_<SECTION>__<KEY>`` (double underscores between levels). A value is taken as
+    JSON (numbers, booleans, lists, objects) unless the key is a text field, which keeps it
+    verbatim (``TOOLWITNESS_KAFKA__GROUP_ID=2024`` is the group "2024")."""
+    out: list[tuple[tuple[str, ...], Any, str]] = []
+    near = {"_".join(p).upper(): "__".join(p).upper() for p in _config_paths() if len(p) > 1}
     for key, raw in sorted(env.items()):
+        path: tuple[str, ...] | None = None
         if key in _SHORTHANDS:
-            out.append((_SHORTHANDS[key], raw))
+            path = _SHORTHANDS[key]
         elif key.startswith(ENV_PREFIX) and "__" in key:
             path = tuple(p.lower() for p in key[len(ENV_PREFIX) :].split("__"))
+        elif key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :] in near:
+            log.warning(
+                "config: %s is not read (levels are separated by two underscores: did you mean %s%s?)",
+                key, ENV_PREFIX, near[key[len(ENV_PREFIX) :]],
+            )
+        if path is None:
+            continue
+        value: Any = raw
+        if not _is_text(_leaf_type(path)):
             try:
-                value: Any = json.loads(raw)
+                value = json.loads(raw)
             except ValueError:
                 value = raw
-            out.append((path, value))
+        out.append((path, value, key))
     return out
 
 
@@ -210,10 +263,16 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config {path}: top level must be a mapping, got {type(loaded).__name__}")
         data = loaded or {}
-    for p, v in _env_overrides(os.environ if env is None else env):
+    sources: dict[str, str] = {}
+    for p, v, var in _env_overrides(os.environ if env is None else env):
         _set_path(data, p, v)
+        sources[".".join(p)] = var
     try:
         return ServiceConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
-        raise ConfigError(f"invalid configuration: {problems}") from None
+        problems = []
+        for e in exc.errors(include_url=False):
+            where = ".".join(str(x) for x in e["loc"])
+            origin = next((v for k, v in sources.items() if where == k or where.startswith(k + ".")), None)
+            problems.append(f"{where}: {e['msg']}" + (f" (set by {origin})" if origin else ""))
+        raise ConfigError(f"invalid configuration: {'; '.join(problems)}") from None

@@ -104,3 +104,31 @@ def test_commands_name_a_bad_config_and_exit_2(tmp_path: Path, command: str) -> 
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert ("scorers.t" if command != "sidecar" else "kafka.nope") in result.output
+
+
+def test_env_text_values_stay_text_and_top_level_keys_are_reachable() -> None:
+    cfg = load_config(
+        None,
+        env={
+            "TOOLWITNESS_KAFKA__GROUP_ID": "2024",  # JSON would make it a number
+            "TOOLWITNESS_TENANT__DEFAULT": "null",  # ... or None
+            "TOOLWITNESS_KAFKA__TOPICS__SPANS": "123",
+            "TOOLWITNESS_LOG_LEVEL": "DEBUG",
+            "TOOLWITNESS_INSTANCE": "pod-7",
+            "TOOLWITNESS_REDIS__CLUSTER": "true",  # non-text keys are still JSON
+            "TOOLWITNESS_REDIS__URL": "redis://rc:6379",
+        },
+    )
+    assert cfg.kafka.group_id == "2024" and cfg.tenant.default == "null" and cfg.kafka.topics.spans == "123"
+    assert cfg.log_level == "DEBUG" and cfg.instance == "pod-7" and cfg.redis.cluster is True
+
+
+def test_env_errors_name_the_variable(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ConfigError, match=r"completion\.allowed_lateness_ms: .*\(set by TOOLWITNESS_COMPLETION__"):
+        load_config(None, env={"TOOLWITNESS_COMPLETION__ALLOWED_LATENESS_MS": "soon"})
+    # A config path spelled with single underscores is not read, and says so.
+    with caplog.at_level("WARNING", logger="toolwitness.config"):
+        cfg = load_config(None, env={"TOOLWITNESS_KAFKA_GROUP_ID": "g", "TOOLWITNESS_TOOL_INTERCEPT": "true"})
+    assert cfg.kafka.group_id != "g"
+    (record,) = caplog.records  # only the near miss; other TOOLWITNESS_* variables are not config
+    assert "TOOLWITNESS_KAFKA__GROUP_ID" in record.getMessage()
