@@ -16,16 +16,16 @@ import time
 from collections.abc import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from collector.admin import AdminServer
+from collector.client import ensure_topics
 from collector.config import RedisConfig, ServiceConfig
 from collector.exporters.base import ExportError
-from collector.exporters.kafka import KafkaExporter, kafka_security_kwargs
+from collector.exporters.kafka import KafkaExporter
 from collector.pipeline.checkpoint import Checkpoint
 from collector.pipeline.engine import Engine, Work
 from collector.pipeline.recovery import Recovery
@@ -55,28 +55,6 @@ class RetryPolicy:
 
     def reset(self) -> None:
         self._attempt = 0
-
-
-async def ensure_topics(cfg: ServiceConfig, partitions: int = 4) -> None:
-    """Create the service's topics if missing (observations compacted)."""
-    t = cfg.kafka.topics
-    admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka.bootstrap_servers, **kafka_security_kwargs(cfg.kafka))
-    await asyncio.wait_for(admin.start(), timeout=30)
-    try:
-        existing = set(await admin.list_topics())
-        wanted = [
-            NewTopic(t.spans, partitions, 1),
-            NewTopic(t.control, partitions, 1),
-            NewTopic(t.scores, partitions, 1),
-            NewTopic(t.observations, partitions, 1, topic_configs={"cleanup.policy": "compact"}),
-            NewTopic(t.dlq, 1, 1),
-        ]
-        new = [n for n in wanted if n.name not in existing]
-        if new:
-            with contextlib.suppress(Exception):  # a concurrent creator may win; topics then exist
-                await admin.create_topics(new)
-    finally:
-        await admin.close()
 
 
 def redis_client(cfg: RedisConfig, password: str | None) -> RedisClient:
@@ -139,7 +117,10 @@ class ToolwitnessService:
         await self.store.start()
         await self.recovery.start()
         self.engine.lost_at_ms = self.recovery.lost_at_ms
-        await ensure_topics(self.cfg)
+        # Missing topics are created (replication min(3, brokers), observations compacted) and
+        # waited for; a refusal (no CreateTopics permission, ...) fails the start with its reason.
+        k = self.cfg.kafka
+        await ensure_topics(k.bootstrap_servers, k.topics, security=k.security, client_id=f"{k.client_id}-admin")
         await self.exporter.start()
         await self.receiver.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="sweeper")

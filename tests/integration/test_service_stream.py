@@ -276,3 +276,21 @@ async def test_start_freezes_the_startup_heap_only_when_the_service_owns_the_pro
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+async def test_the_service_creates_its_topics_with_compacted_observations(kafka_bootstrap: str, redis_url: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    cfg = make_config(kafka_bootstrap, redis_url)
+    async with running_service(cfg):
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            t = cfg.kafka.topics
+            assert {t.spans, t.control, t.scores, t.observations, t.dlq} <= set(await admin.list_topics())
+            (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t.observations)])
+            entries = response.to_object()["resources"][0]["config_entries"]
+            assert {e["config_names"]: e["config_value"] for e in entries}["cleanup.policy"] == "compact"
+        finally:
+            await admin.close()
