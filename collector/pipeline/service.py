@@ -109,7 +109,9 @@ class ToolwitnessService:
         return self._started and not self._stopping.is_set() and self.receiver.consumer is not None
 
     def alive(self) -> bool:
-        return time.monotonic() - self._last_loop < 60
+        """Live while starting (every start step has its own deadline and fails the process if it
+        passes), then while the poll loop has turned within the last minute."""
+        return not self._started or time.monotonic() - self._last_loop < 60
 
     async def start(self) -> None:
         await self.admin.start()
@@ -124,6 +126,7 @@ class ToolwitnessService:
         await self.exporter.start()
         await self.receiver.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="sweeper")
+        self._last_loop = time.monotonic()
         self._started = True
         # What is alive now (modules, config, scorer trees, clients: >100k objects) lives as
         # long as the process. Freezing it keeps the cyclic collector from re-scanning it in

@@ -78,6 +78,6 @@ class WatermarkTracker:
             g = max(idle)
         else:
             g = 0
-        WATERMARK.labels(self.name).set(g)
+        WATERMARK.labels(self.name).set(g / 1000)
         self._global = (tick, g)
         return g

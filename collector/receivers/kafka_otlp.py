@@ -10,6 +10,7 @@ in-flight batch (under a deadline) before partitions move.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -32,6 +33,9 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.receiver = receiver
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        for tp in revoked:  # another instance reports their lag now: no stale series here
+            with contextlib.suppress(KeyError):
+                CONSUMER_LAG.remove(self.receiver.name, tp.topic, str(tp.partition))
         # Let the in-flight batch finish and commit before the partitions move.
         try:
             async with asyncio.timeout(REBALANCE_DEADLINE_S), self.receiver.batch_lock:

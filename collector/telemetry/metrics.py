@@ -6,42 +6,59 @@ stage that records it. Count every drop.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# The standard process_* (resident memory, CPU, open fds), python_gc_* and python_info series,
+# as any Prometheus client exposes them by default.
+for _standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_standard)
 
-SPANS_IN = Counter(
-    "toolwitness_spans_received", "Spans decoded from input records.", ["component"], registry=REGISTRY
-)
+SPANS_IN = Counter("toolwitness_spans_received", "Spans decoded from input records.", ["component"], registry=REGISTRY)
 RECORDS_IN = Counter(
     "toolwitness_records_received", "Kafka records consumed, by topic kind.", ["component", "kind"], registry=REGISTRY
 )
 DLQ_RECORDS = Counter(
-    "toolwitness_dlq_records", "Records sent to the dead-letter topic, by reason.", ["component", "reason"],
+    "toolwitness_dlq_records",
+    "Records sent to the dead-letter topic, by reason.",
+    ["component", "reason"],
     registry=REGISTRY,
 )
 DROPPED = Counter(
     "toolwitness_dropped", "Items dropped by a limit or rule, by reason.", ["component", "reason"], registry=REGISTRY
 )
 TRACES_IN_STATE = Gauge(
-    "toolwitness_traces_touched", "Distinct traces updated in Redis by the last batch.", ["component"],
+    "toolwitness_traces_touched",
+    "Distinct traces updated in Redis by the last batch.",
+    ["component"],
     registry=REGISTRY,
 )
 DECISIONS = Counter(
-    "toolwitness_decisions", "Score events decided, by verdict and trigger.", ["component", "verdict", "trigger"],
+    "toolwitness_decisions",
+    "Score events decided, by verdict and trigger.",
+    ["component", "verdict", "trigger"],
     registry=REGISTRY,
 )
 REVISIONS = Counter(
     "toolwitness_revisions", "Scores revised after a broken completion claim.", ["component"], registry=REGISTRY
 )
 RESENT = Counter(
-    "toolwitness_scores_resent", "Identical score events re-sent after a crash or by the sweeper.", ["component"],
+    "toolwitness_scores_resent",
+    "Identical score events re-sent after a crash or by the sweeper.",
+    ["component"],
     registry=REGISTRY,
 )
 OVERSIZED = Counter(
     "toolwitness_observations_shrunk",
-    "Observations over limits.max_observation_bytes, judged and published with arguments cut or "
-    "without executions.",
+    "Observations over limits.max_observation_bytes, judged and published with arguments cut or without executions.",
     ["component"],
     registry=REGISTRY,
 )
@@ -53,26 +70,38 @@ TIME_TO_VERDICT = Histogram(
     registry=REGISTRY,
 )
 CONSUMER_LAG = Gauge(
-    "toolwitness_consumer_lag", "Records behind the high watermark, by topic and partition.",
-    ["component", "topic", "partition"], registry=REGISTRY,
+    "toolwitness_consumer_lag",
+    "Records behind the high watermark, by topic and partition.",
+    ["component", "topic", "partition"],
+    registry=REGISTRY,
 )
 WATERMARK = Gauge(
-    "toolwitness_event_time_watermark_ms", "Global event-time watermark (ms since epoch).", ["component"],
+    "toolwitness_event_time_watermark_seconds",
+    "Global event-time watermark (seconds since epoch).",
+    ["component"],
     registry=REGISTRY,
 )
 EXPORT_FAILURES = Counter(
-    "toolwitness_export_failures", "Exporter errors caught and counted (never raised into the poll loop).",
-    ["component"], registry=REGISTRY,
+    "toolwitness_export_failures",
+    "Exporter errors caught and counted (never raised into the poll loop).",
+    ["component"],
+    registry=REGISTRY,
 )
 COMMIT_FAILURES = Counter(
-    "toolwitness_commit_failures", "Offset commits refused after a rebalance (the batch is replayed).",
-    ["component"], registry=REGISTRY,
+    "toolwitness_commit_failures",
+    "Offset commits refused after a rebalance (the batch is replayed).",
+    ["component"],
+    registry=REGISTRY,
 )
 STATE_LOSSES = Counter(
-    "toolwitness_state_losses", "Times Redis was found to have lost its data (evidence marked state_lost).",
-    ["component"], registry=REGISTRY,
+    "toolwitness_state_losses",
+    "Times Redis was found to have lost its data (evidence marked state_lost).",
+    ["component"],
+    registry=REGISTRY,
 )
 BATCH_SECONDS = Histogram(
-    "toolwitness_batch_seconds", "Time to process one consumed batch through the commit protocol.",
-    ["component"], registry=REGISTRY,
+    "toolwitness_batch_seconds",
+    "Time to process one consumed batch through the commit protocol.",
+    ["component"],
+    registry=REGISTRY,
 )

@@ -1,0 +1,47 @@
+"""The admin endpoint's metrics: standard process series, base units, no stale per-partition series."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from aiokafka import TopicPartition
+from prometheus_client import generate_latest
+
+from collector.receivers.kafka_otlp import _Rebalance
+from collector.telemetry.metrics import CONSUMER_LAG, REGISTRY
+
+
+def test_standard_process_and_python_series_are_exposed() -> None:
+    text = generate_latest(REGISTRY).decode()
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info", "python_gc_objects"):
+        assert name in text, name
+    assert "toolwitness_event_time_watermark_seconds" in text  # base unit, not _ms
+    assert "_watermark_ms" not in text
+
+
+async def test_revoked_partitions_drop_their_lag_series() -> None:
+    receiver = SimpleNamespace(name="receiver/test", batch_lock=asyncio.Lock())
+    for p in (0, 1):
+        CONSUMER_LAG.labels("receiver/test", "spans", str(p)).set(5)
+    await _Rebalance(receiver).on_partitions_revoked([TopicPartition("spans", 1), TopicPartition("spans", 9)])
+    assert REGISTRY.get_sample_value("toolwitness_consumer_lag", {"component": "receiver/test", "topic": "spans",
+                                                                  "partition": "0"}) == 5
+    assert REGISTRY.get_sample_value("toolwitness_consumer_lag", {"component": "receiver/test", "topic": "spans",
+                                                                  "partition": "1"}) is None
+
+
+async def test_liveness_holds_through_a_slow_start_then_follows_the_poll_loop() -> None:
+    import time
+
+    from collector.config import ServiceConfig
+    from collector.pipeline.service import ToolwitnessService
+
+    service = ToolwitnessService(ServiceConfig())
+    service._last_loop = time.monotonic() - 120  # constructed two minutes ago, still starting
+    assert service.alive() and not service.ready()
+    service._started = True  # started, but its poll loop has not turned for two minutes
+    assert not service.alive()
+    service._last_loop = time.monotonic()
+    assert service.alive()
+    await service.redis.aclose()
