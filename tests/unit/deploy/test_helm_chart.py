@@ -368,7 +368,8 @@ def test_probes_service_and_servicemonitor_match_the_config(
 
 
 def test_changing_the_admin_port_moves_every_consumer(helm: Helm) -> None:
-    docs = helm.render_docs(sets=["config.admin.port=9464", "serviceMonitor.enabled=true"])
+    docs = helm.render_docs(sets=["config.admin.port=9464", "serviceMonitor.enabled=true",
+                                 "networkPolicy.ingress.namespaces={monitoring}"])
     assert check_admin_wiring(docs) == 9464
 
 
@@ -492,7 +493,10 @@ def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, 
         (["config.redis.url=redis://:hunter2@redis:6379/0"], "must not carry credentials"),
         (["config.redis.cluster=true", "config.redis.url=redis://redis:6379/3"], "database 0 only"),
         (["config.redis.cluster=true", "config.redis.url=unix:///run/redis.sock"], "database 0 only"),
-        (["serviceMonitor.enabled=true", "service.enabled=false"], "needs service.enabled"),
+        (["serviceMonitor.enabled=true", "networkPolicy.ingress.namespaces={monitoring}", "service.enabled=false"],
+         "needs service.enabled"),
+        (["serviceMonitor.enabled=true"], "blocks every scrape"),
+        (["extraEnv[0].name=POD"], "missing property 'valueFrom'"),
         (
             ["autoscaling.enabled=true", "autoscaling.minReplicas=4", "autoscaling.maxReplicas=2"],
             "must not exceed autoscaling.maxReplicas",
@@ -568,3 +572,13 @@ def test_acl_principals_are_shell_safe_and_the_agent_is_never_the_control_plane(
     )
     proc = helm.run("template", "t", str(CHART), "-f", str(same))
     assert proc.returncode != 0 and "both the control-plane principal and a span producer" in proc.stderr
+
+
+def test_numeric_quantities_ephemeral_storage_and_env_from_sources_are_accepted(helm: Helm) -> None:
+    proc = helm.template(sets=["resources.limits.cpu=2", "resources.limits.ephemeral-storage=1Gi",
+                               "extraEnv[0].name=POD_NAME", "extraEnv[0].valueFrom.fieldRef.fieldPath=metadata.name"])
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    (container,) = [c for c in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]]
+    assert container["resources"]["limits"] == {"cpu": 2, "ephemeral-storage": "1Gi", "memory": "512Mi"}
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]

@@ -333,6 +333,9 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- if regexMatch "^rediss?://[^/@]*@" $v.config.redis.url }}
 {{- fail "config.redis.url must not carry credentials: put the password in a Secret and set secrets.redis.existingSecret" }}
 {{- end }}
+{{- if and $v.serviceMonitor.enabled $v.networkPolicy.enabled (not $v.networkPolicy.ingress.namespaces) }}
+{{- fail "serviceMonitor.enabled with networkPolicy.enabled needs networkPolicy.ingress.namespaces (e.g. [monitoring]): with none the NetworkPolicy blocks every scrape" }}
+{{- end }}
 {{- if and $v.serviceMonitor.enabled (not $v.service.enabled) }}
 {{- fail "serviceMonitor.enabled needs service.enabled (the ServiceMonitor scrapes the Service's admin port)" }}
 {{- end }}
