@@ -41,6 +41,7 @@ from scoring.models.evidence import (
     AWAITING_COMPLETION,
     LATE_SPAN,
     LIMIT_EXCEEDED,
+    NO_TRACE_LINKED,
     NORMALIZATION_VERSION,
     ORPHAN_PARENT,
     STATE_LOST,
@@ -192,8 +193,8 @@ class Decider:
                 sources.add(src)
             if st is not None:
                 executions.extend(executions_of(st, t))
-        if not traces:
-            reasons.add(AWAITING_COMPLETION)
+        if not traces:  # a session's traces may still come; other scopes name theirs up front
+            reasons.add(AWAITING_COMPLETION if isinstance(exp.scope, SessionScorable) else NO_TRACE_LINKED)
         if isinstance(exp.scope, SessionScorable) and not session_complete:
             reasons.add(AWAITING_COMPLETION)
         if lost:

@@ -31,6 +31,11 @@ ProgressCallback = Callable[[int], None]
 
 def metrics_type_for(scorer: EvaluableScorer) -> MetricsType:
     """``true_false`` scorers get objective metrics, ``float_scale`` scorers harm metrics."""
+    if not isinstance(scorer, EvaluableScorer):
+        raise TypeError(
+            "the scorer to evaluate must have scorer_type and score_text_async (a scoring.score scorer or a "
+            f"self-ask judge), got {type(scorer).__name__}"
+        )
     if scorer.scorer_type == TRUE_FALSE:
         return MetricsType.OBJECTIVE
     if scorer.scorer_type == FLOAT_SCALE:

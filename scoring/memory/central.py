@@ -61,6 +61,8 @@ class MemoryInterface:
             self._observations.setdefault(observation.observation_id, observation)
 
     def get_observations(self, *, observation_ids: Sequence[str]) -> list[Observation]:
+        if isinstance(observation_ids, str | bytes):
+            raise TypeError("observation_ids is a sequence of ids: get_observations(observation_ids=(an_id,))")
         with self._lock:
             return [self._observations[i] for i in observation_ids if i in self._observations]
 

@@ -26,6 +26,8 @@ LATE_SPAN = "late_span_after_completion"
 RETENTION_EXPIRED = "retention_expired"
 STATE_LOST = "state_lost"
 LIMIT_EXCEEDED = "limit_exceeded"
+#: the scope names no trace yet (a message whose target had tracing off, or no id linked).
+NO_TRACE_LINKED = "no_trace_linked"
 
 
 class _Frozen(BaseModel):

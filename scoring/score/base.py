@@ -21,7 +21,13 @@ from pydantic import JsonValue
 
 from scoring.models.conditions import ScoringExpectation
 from scoring.models.evidence import Observation
-from scoring.models.scorables import ContentScorable, Scorable
+from scoring.models.scorables import (
+    ContentScorable,
+    MessageScorable,
+    Scorable,
+    SessionScorable,
+    TraceScorable,
+)
 from scoring.models.score import MetadataValue, Score, ScoreType
 from scoring.models.status import ScoreStatus, Verdict
 from scoring.score.evaluable import EvaluationMethods
@@ -56,6 +62,9 @@ class ScoringContext:
     @property
     def fallback_allowed(self) -> bool:
         return not self.streaming or self.final
+
+
+_SCORABLES = (TraceScorable, SessionScorable, MessageScorable, ContentScorable)
 
 
 class Scorer(EvaluationMethods, ABC):
@@ -159,6 +168,18 @@ class Scorer(EvaluationMethods, ABC):
         context: ScoringContext | None = None,
     ) -> list[Score]:
         """Score a scorable. Returns [] when the scorer does not apply to it."""
+        if not isinstance(scorable, _SCORABLES):
+            raise TypeError(
+                f"{type(self).__name__}.score_async: scorable must be a TraceScorable, SessionScorable, "
+                f"MessageScorable or ContentScorable, got {type(scorable).__name__}"
+                + (" (for a trace id use TraceScorable(trace_ids=(trace_id,)))" if isinstance(scorable, str) else "")
+            )
+        if expectation is not None and not isinstance(expectation, ScoringExpectation):
+            raise TypeError(
+                f"{type(self).__name__}.score_async: expectation must be a ScoringExpectation (e.g. "
+                "ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name=...),)),))), "
+                f"got {type(expectation).__name__}"
+            )
         if expectation is None:
             expectation = ScoringExpectation(objective=objective)
         elif objective is not None and expectation.objective is None:
@@ -184,6 +205,11 @@ class Scorer(EvaluationMethods, ABC):
         objective: str | None = None,
     ) -> list[Score]:
         """Replay: judge a saved observation. Pure; never reads a trace client or writes memory."""
+        if not isinstance(observation, Observation):
+            raise TypeError(
+                f"{type(self).__name__}.score_observation_async: observation must be an Observation "
+                f"(e.g. Observation.model_validate_json(saved)), got {type(observation).__name__}"
+            )
         context = ScoringContext(memory=None, replay=observation)
         return await self.score_async(observation.scorable, expectation, objective=objective, context=context)
 

@@ -59,6 +59,15 @@ class OtelToolCallScorer(TrueFalseScorer):
 
     def __init__(self, *, source: ObservationSource, categories: Sequence[str] | None = None) -> None:
         super().__init__(categories=categories)
+        if not callable(getattr(source, "acquire", None)):
+            hint = (
+                f" (wrap the trace client: OtelTraceSource(trace_client={type(source).__name__}(...)))"
+                if callable(getattr(source, "query", None))
+                else ""
+            )
+            raise TypeError(
+                f"OtelToolCallScorer: source must be an observation source{hint}, got {type(source).__name__}"
+            )
         self._source = source
 
     def _identity_params(self) -> dict[str, JsonValue]:

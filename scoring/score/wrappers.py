@@ -149,6 +149,8 @@ class FloatScaleThresholdScorer(TrueFalseScorer):
         super().__init__(categories=categories)
         if scorer.scorer_type != "float_scale":
             raise TypeError(f"{type(scorer).__name__} is not a float-scale scorer")
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise TypeError(f"threshold must be a number in [0, 1], got {threshold!r}")
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {threshold}")
         self._scorer = scorer

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from scoring.models.evidence import (
-    AWAITING_COMPLETION,
+    NO_TRACE_LINKED,
     RETENTION_EXPIRED,
     Acquisition,
     CompletionSource,
@@ -53,7 +53,9 @@ def build_observation(
             if facts.execution is not None:
                 executions[(span.trace_id, span.span_id)] = facts.execution
     if not results:
-        reasons.add(AWAITING_COMPLETION)
+        # Nothing to wait for but a link: "awaiting completion" would send the user looking for
+        # a marker. (A session's client answers with a placeholder until the session completes.)
+        reasons.add(NO_TRACE_LINKED)
     if reasons:
         coverage = Coverage.incomplete(*reasons)
     else:
