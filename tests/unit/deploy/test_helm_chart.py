@@ -273,9 +273,45 @@ def test_pods_run_the_documented_commands(rendered: dict[str, list[dict[str, Any
     scorer = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert scorer["args"] == ["run", "--config", config_path]
     sidecar = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["containers"][0]
-    assert sidecar["args"] == ["sidecar", "--listen", "0.0.0.0:4317", "--config", config_path]
+    assert sidecar["args"] == ["sidecar", "--listen", "0.0.0.0:4317", "--config", config_path,
+                               "--tls-cert", "/etc/toolwitness/sidecar-tls/tls.crt",
+                               "--tls-key", "/etc/toolwitness/sidecar-tls/tls.key"]
     mounts = {m["mountPath"]: m for m in scorer["volumeMounts"]} | {m["mountPath"]: m for m in sidecar["volumeMounts"]}
     assert mounts[config_path]["subPath"] == "config.yaml"
+
+
+def test_the_sidecar_has_its_own_kafka_identity_token_and_listener_tls(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["sidecar"]
+    pod = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["kafka-tls"]["secret"]["secretName"] == "toolwitness-sidecar-kafka-mtls"  # not the scorer's
+    assert volumes["sidecar-tls"]["secret"]["secretName"] == "toolwitness-sidecar-otlp-tls"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["TOOLWITNESS_SIDECAR_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "toolwitness-sidecar-token"
+    scorer = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in scorer["volumes"]}["kafka-tls"]["secret"]["secretName"] == "toolwitness-kafka-mtls"
+
+
+def test_with_sasl_the_sidecar_uses_its_span_producer_credentials(helm: Helm) -> None:
+    base = ["sidecar.enabled=true", "config.kafka.security.protocol=SASL_PLAINTEXT",
+            "config.kafka.security.sasl_mechanism=SCRAM-SHA-512", "secrets.kafkaSasl.existingSecret=scorer-sasl"]
+    proc = helm.template(sets=base)
+    assert proc.returncode != 0 and "sidecar.kafkaSasl.existingSecret" in proc.stderr
+    docs = helm.render_docs(sets=[*base, "sidecar.kafkaSasl.existingSecret=producer-sasl"])
+    sidecar = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["containers"][0]
+    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in sidecar["env"] if "valueFrom" in e}
+    assert secrets == {"producer-sasl"}  # the scorer's credentials are nowhere in the sidecar pod
+    scorer = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {e["valueFrom"]["secretKeyRef"]["name"] for e in scorer["env"] if "valueFrom" in e} == {"scorer-sasl"}
+
+
+def test_the_control_plane_may_read_the_verdicts_it_waits_for(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    entries = acl_entries(rendered["default"])
+    reads = {e["name"] for e in entries if e["principal"] == "User:toolwitness-control-plane"
+             and e["resourceType"] == "topic" and "Read" in e["operations"]}
+    assert reads == {"toolwitness.scores", "toolwitness.observations"}
 
 
 def test_checksum_annotation_follows_the_config(helm: Helm) -> None:

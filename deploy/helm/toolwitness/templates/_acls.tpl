@@ -18,6 +18,11 @@ expectations or declare completion for itself.
 {{- end }}
 {{- $acls := list }}
 {{- $acls = append $acls (dict "principal" $a.controlPlanePrincipal "resourceType" "topic" "name" $t.control "operations" (list "Write" "Describe") "why" "the control plane is the only writer of expectations and completion markers") }}
+{{- if not (has $a.controlPlanePrincipal $a.scoreConsumerPrincipals) }}
+{{- range (list $t.scores $t.observations) }}
+{{- $acls = append $acls (dict "principal" $a.controlPlanePrincipal "resourceType" "topic" "name" . "operations" (list "Read" "Describe") "why" "the control plane reads the verdicts of what it registered (ToolwitnessClient.wait_for, scores())") }}
+{{- end }}
+{{- end }}
 {{- range $a.spanProducerPrincipals }}
 {{- $acls = append $acls (dict "principal" . "resourceType" "topic" "name" $t.spans "operations" (list "Write" "Describe") "why" "span producers write OTLP span batches and nothing else") }}
 {{- end }}

@@ -155,17 +155,87 @@ the Kafka part alone; the scorer gets both.
 {{- end }}
 
 {{- define "toolwitness.kafkaSecretEnv" -}}
-{{- if include "toolwitness.kafkaSasl" . }}
-- name: {{ include "toolwitness.saslUsernameEnv" . }}
+{{- include "toolwitness.saslEnv" (list . .Values.secrets.kafkaSasl) }}
+{{- end }}
+
+{{/* SASL username/password env from a {existingSecret, usernameKey, passwordKey} (list root secret). */}}
+{{- define "toolwitness.saslEnv" -}}
+{{- $root := index . 0 }}
+{{- $sasl := index . 1 }}
+{{- if include "toolwitness.kafkaSasl" $root }}
+- name: {{ include "toolwitness.saslUsernameEnv" $root }}
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.secrets.kafkaSasl.existingSecret }}
-      key: {{ .Values.secrets.kafkaSasl.usernameKey }}
-- name: {{ include "toolwitness.saslPasswordEnv" . }}
+      name: {{ $sasl.existingSecret }}
+      key: {{ $sasl.usernameKey }}
+- name: {{ include "toolwitness.saslPasswordEnv" $root }}
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.secrets.kafkaSasl.existingSecret }}
-      key: {{ .Values.secrets.kafkaSasl.passwordKey }}
+      name: {{ $sasl.existingSecret }}
+      key: {{ $sasl.passwordKey }}
+{{- end }}
+{{- end }}
+
+{{/*
+The sidecar's environment: its OWN span-producer SASL credentials (never the scorer's: that
+principal may not write spans and must not sit in the pod agents talk to) and its token.
+*/}}
+{{- define "toolwitness.sidecarEnv" -}}
+{{- include "toolwitness.saslEnv" (list . .Values.sidecar.kafkaSasl) }}
+{{- with .Values.sidecar.auth }}
+{{- if .existingSecret }}
+- name: TOOLWITNESS_SIDECAR_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .tokenKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Where the sidecar's listener certificate and key are mounted. */}}
+{{- define "toolwitness.sidecarTlsDir" -}}/etc/toolwitness/sidecar-tls{{- end }}
+
+{{/* The sidecar's volumes: config, /tmp, its Kafka TLS files (its own Secret, else the scorer's
+CA-only one), its listener certificate. */}}
+{{- define "toolwitness.sidecarVolumes" -}}
+- name: config
+  configMap:
+    name: {{ include "toolwitness.fullname" . }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpVolume.sizeLimit }}
+{{- $tls := .Values.sidecar.kafkaTls }}
+{{- if not $tls.existingSecret }}{{- $tls = .Values.secrets.kafkaTls }}{{- end }}
+{{- if $tls.existingSecret }}
+- name: kafka-tls
+  secret:
+    secretName: {{ $tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- if $tls.caKey }}
+      - key: {{ $tls.caKey }}
+        path: ca.crt
+      {{- end }}
+      {{- if $tls.certKey }}
+      - key: {{ $tls.certKey }}
+        path: tls.crt
+      - key: {{ $tls.keyKey }}
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- with .Values.sidecar.tls }}
+{{- if .existingSecret }}
+- name: sidecar-tls
+  secret:
+    secretName: {{ .existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .certKey }}
+        path: tls.crt
+      - key: {{ .keyKey }}
+        path: tls.key
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -338,6 +408,21 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- end }}
 {{- if and $v.serviceMonitor.enabled (not $v.service.enabled) }}
 {{- fail "serviceMonitor.enabled needs service.enabled (the ServiceMonitor scrapes the Service's admin port)" }}
+{{- end }}
+{{- if and $v.sidecar.enabled (include "toolwitness.kafkaSasl" .) (not $v.sidecar.kafkaSasl.existingSecret) }}
+{{- fail "sidecar.kafkaSasl.existingSecret: the sidecar writes spans with its own span-producer credentials (a principal in kafkaAcls.spanProducerPrincipals); the scorer's may not write the spans topic and must not sit in the pod agents talk to" }}
+{{- end }}
+{{- if and $v.sidecar.enabled $v.secrets.kafkaTls.certKey (not $v.sidecar.kafkaTls.existingSecret) }}
+{{- fail "sidecar.kafkaTls.existingSecret: the scorer authenticates to Kafka with a client certificate; the sidecar needs its own (a span-producer principal), not the scorer's" }}
+{{- end }}
+{{- if and $v.sidecar.kafkaTls.existingSecret (not (include "toolwitness.kafkaTls" .)) }}
+{{- fail "sidecar.kafkaTls.existingSecret is set but config.kafka.security.protocol does not use TLS" }}
+{{- end }}
+{{- if and $v.sidecar.kafkaTls.existingSecret (not $v.secrets.kafkaTls.existingSecret) }}
+{{- fail "sidecar.kafkaTls.existingSecret needs secrets.kafkaTls.existingSecret too: the shared config names the TLS files only when the scorer has them" }}
+{{- end }}
+{{- if and $v.sidecar.kafkaTls.existingSecret (ne (empty $v.sidecar.kafkaTls.certKey) (empty $v.secrets.kafkaTls.certKey)) }}
+{{- fail "sidecar.kafkaTls.certKey and secrets.kafkaTls.certKey: both sides use a client certificate or neither (the config's ssl_certfile is shared)" }}
 {{- end }}
 {{- if and $v.sidecar.enabled (eq (int $v.sidecar.port) (int $v.config.admin.port)) }}
 {{- fail "sidecar.port must differ from config.admin.port" }}
