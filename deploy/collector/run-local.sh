@@ -10,6 +10,7 @@
 #   OTLP_GRPC_ENDPOINT    default 127.0.0.1:4317
 #   OTLP_HTTP_ENDPOINT    default 127.0.0.1:4318
 #   OTELCOL_METRICS_PORT  default 8889 (the collector's own metrics, on 127.0.0.1)
+#   HEALTH_CHECK_ENDPOINT default 127.0.0.1:13133 (GET / -> 200 once the pipeline runs)
 #   KAFKA_SPANS_TOPIC     default otlp_spans (must exist: auto-creation is off)
 #
 # Everything listens on 127.0.0.1 only. An interop test starts this in the background,
@@ -34,6 +35,7 @@ export KAFKA_BROKERS="$bootstrap"
 export OTLP_GRPC_ENDPOINT="${OTLP_GRPC_ENDPOINT:-127.0.0.1:4317}"
 export OTLP_HTTP_ENDPOINT="${OTLP_HTTP_ENDPOINT:-127.0.0.1:4318}"
 export OTELCOL_METRICS_PORT="${OTELCOL_METRICS_PORT:-8889}"
+export HEALTH_CHECK_ENDPOINT="${HEALTH_CHECK_ENDPOINT:-127.0.0.1:13133}"
 
 echo "run-local.sh: $bin: OTLP grpc=$OTLP_GRPC_ENDPOINT http=$OTLP_HTTP_ENDPOINT -> Kafka $KAFKA_BROKERS topic ${KAFKA_SPANS_TOPIC:-otlp_spans}" >&2
 exec "$bin" --config "$here/config.yaml" "$@"

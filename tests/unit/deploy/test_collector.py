@@ -44,24 +44,33 @@ def component_type(config_key: str) -> str:
     return config_key.split("/", 1)[0]
 
 
+#: component types whose name is not their module's (the collector's type strings have underscores)
+_TYPE_OF_MODULE = {"memorylimiter": "memory_limiter", "healthcheck": "health_check"}
+
+
 def manifest_types(manifest: dict[str, Any], kind: str) -> set[str]:
     """Component types a manifest section provides (the last path element minus its kind suffix)."""
-    suffix = {"receivers": "receiver", "processors": "processor", "exporters": "exporter"}[kind]
+    suffix = {"receivers": "receiver", "processors": "processor", "exporters": "exporter", "extensions": "extension"}[
+        kind
+    ]
     out = set()
     for entry in manifest.get(kind, []):
         module = entry["gomod"].split()[0].rsplit("/", 1)[-1]
-        out.add(module.removesuffix(suffix))
+        name = module.removesuffix(suffix)
+        out.add(_TYPE_OF_MODULE.get(name, name))
     return out
 
 
 # --------------------------------------------------------------------------- static
 
 
-def test_pipeline_is_otlp_in_batch_kafka_out() -> None:
+def test_pipeline_is_otlp_in_limited_batches_kafka_out() -> None:
     cfg = load(CONFIG)
     (pipeline,) = cfg["service"]["pipelines"].values()
     assert list(cfg["service"]["pipelines"]) == ["traces"]
-    assert pipeline == {"receivers": ["otlp"], "processors": ["batch"], "exporters": ["kafka"]}
+    # the memory limiter first (refuse data under pressure rather than be OOM-killed)
+    assert pipeline == {"receivers": ["otlp"], "processors": ["memory_limiter", "batch"], "exporters": ["kafka"]}
+    assert cfg["service"]["extensions"] == ["health_check"]
     assert set(cfg["receivers"]["otlp"]["protocols"]) == {"grpc", "http"}
 
 
@@ -82,6 +91,7 @@ def test_defaults_listen_on_loopback_only() -> None:
     prom = reader["pull"]["exporter"]["prometheus"]
     assert prom["host"] == "127.0.0.1"
     assert "8888" not in str(prom["port"]), "8888 is the toolwitness admin port"
+    assert re.search(r":-127\.0\.0\.1:\d+}$", cfg["extensions"]["health_check"]["endpoint"])
 
 
 def test_sasl_overlay_takes_credentials_from_the_environment() -> None:
@@ -91,17 +101,15 @@ def test_sasl_overlay_takes_credentials_from_the_environment() -> None:
 
 def test_manifest_has_exactly_the_components_the_config_uses() -> None:
     manifest, cfg = load(MANIFEST), load(CONFIG)
-    for kind in ("receivers", "processors", "exporters"):
+    for kind in ("receivers", "processors", "exporters", "extensions"):
         assert manifest_types(manifest, kind) == {component_type(k) for k in cfg[kind]}, kind
-    for kind in ("extensions", "connectors"):
-        assert not manifest.get(kind), f"no {kind} in the minimal distribution"
-        assert not cfg.get(kind)
+    assert not manifest.get("connectors") and not cfg.get("connectors")
 
 
 def test_manifest_pins_one_collector_release() -> None:
     manifest = load(MANIFEST)
     modules: list[tuple[str, str]] = []
-    for kind in ("receivers", "processors", "exporters", "providers"):
+    for kind in ("receivers", "processors", "exporters", "extensions", "providers"):
         modules += [tuple(e["gomod"].split()) for e in manifest[kind]]
     modules.append(tuple(manifest["telemetry"]["gomod"].split()))
     for module, version in modules:
@@ -137,10 +145,10 @@ def test_distribution_has_exactly_the_manifest_components(otelcol: Path) -> None
     assert proc.returncode == 0, proc.stderr
     components = yaml.safe_load(proc.stdout)
     manifest = load(MANIFEST)
-    for kind in ("receivers", "processors", "exporters"):
+    for kind in ("receivers", "processors", "exporters", "extensions"):
         assert {c["name"] for c in components[kind]} == manifest_types(manifest, kind)
         assert {c["module"] for c in components[kind]} == {e["gomod"] for e in manifest[kind]}
-    assert not components["extensions"] and not components["connectors"]
+    assert not components["connectors"]
 
 
 @pytest.mark.collector_build
@@ -162,12 +170,14 @@ def free_port() -> int:
 @pytest.fixture
 def local_collector(otelcol: Path, tmp_path: Path) -> Iterator[dict[str, int]]:
     """run-local.sh on free loopback ports, against a loopback port where no broker listens."""
-    ports = {"grpc": free_port(), "http": free_port(), "metrics": free_port(), "kafka": free_port()}
+    ports = {"grpc": free_port(), "http": free_port(), "metrics": free_port(), "kafka": free_port(),
+             "health": free_port()}
     env = {
         **os.environ,
         "OTLP_GRPC_ENDPOINT": f"127.0.0.1:{ports['grpc']}",
         "OTLP_HTTP_ENDPOINT": f"127.0.0.1:{ports['http']}",
         "OTELCOL_METRICS_PORT": str(ports["metrics"]),
+        "HEALTH_CHECK_ENDPOINT": f"127.0.0.1:{ports['health']}",
     }
     log = (tmp_path / "otelcol.log").open("w")
     proc = subprocess.Popen(
@@ -208,6 +218,8 @@ def wait_http(url: str, timeout: float = 30) -> bytes:
 def test_run_local_accepts_otlp_on_loopback(local_collector: dict[str, int]) -> None:
     metrics = wait_http(f"http://127.0.0.1:{local_collector['metrics']}/metrics")
     assert b"otelcol" in metrics
+    health = json.loads(wait_http(f"http://127.0.0.1:{local_collector['health']}/"))  # the k8s probe target
+    assert "available" in str(health.get("status", "")).lower(), health
     span = {
         "traceId": "5b8efff798038103d269b633813fc60c",
         "spanId": "eee19b7ec3c1b174",
