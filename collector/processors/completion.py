@@ -11,9 +11,19 @@ from __future__ import annotations
 import json
 import time
 
+from redis.commands.core import AsyncScript
+
 from collector.config import CompletionConfig
 from collector.processors.resp import RedisClient
 from collector.telemetry.metrics import WATERMARK
+
+#: the field of the watermarks hash holding the highest global watermark reached.
+GLOBAL_FIELD = b"global"
+_RAISE_LUA = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'global') or '0')
+if tonumber(ARGV[1]) > cur then redis.call('HSET', KEYS[1], 'global', ARGV[1]) end
+return 0
+"""
 
 #: how often the shared watermarks are written and read at most (seconds).
 REFRESH_S = 0.05
@@ -31,11 +41,22 @@ class WatermarkTracker:
         self._assigned: set[int] = set()
         self._published_at = 0.0
         self._global: tuple[float, int] | None = None
+        #: the highest global watermark known (this instance's or the shared one)
+        self._floor = 0
+        self._raise: AsyncScript | None = None
+
+    async def _raise_floor(self, g: int) -> None:
+        if self._raise is None:
+            self._raise = self.redis.register_script(_RAISE_LUA)
+        await self._raise(keys=[self.key], args=[g])
 
     def assign(self, partitions: set[int]) -> None:
         self._assigned = set(partitions)
 
     def observe(self, partition: int, event_ms: int, now_ms: int) -> None:
+        # Event time is the agent's own claim: one from the future (a skewed clock, or an agent
+        # steering completion -- of any tenant's traces, the watermark is shared) counts as now.
+        event_ms = min(event_ms, now_ms)
         if event_ms > self._max_event.get(partition, 0):
             self._max_event[partition] = event_ms
         self._last_active[partition] = now_ms
@@ -66,7 +87,11 @@ class WatermarkTracker:
         raw = await self.redis.hgetall(self.key)
         active: list[int] = []
         idle: list[int] = []
-        for v in raw.values():
+        floor = self._floor
+        for k, v in raw.items():
+            if k in (GLOBAL_FIELD, GLOBAL_FIELD.decode()):
+                floor = max(floor, int(v))
+                continue
             wm, last, caught, _ = json.loads(v)
             if caught and now - int(last) >= self.cfg.idle_partition_ms:
                 idle.append(int(wm))
@@ -78,6 +103,15 @@ class WatermarkTracker:
             g = max(idle)
         else:
             g = 0
+        # Never backwards: completions were decided at the watermark reached; a partition that
+        # becomes active again (or an instance that restarts and knows no event yet) must not
+        # pull it back, or a span arriving now for a trace completed then would not count as
+        # late and its FALSE would never be revised. Shared, so every instance agrees.
+        if g > floor:
+            await self._raise_floor(g)
+            floor = g
+        g = floor
+        self._floor = g
         WATERMARK.labels(self.name).set(g / 1000)
         self._global = (tick, g)
         return g
