@@ -39,9 +39,29 @@ local flagged = false
 local root_end = 0
 local new_sessions = {}
 local was_complete = complete_now()
+-- Executions by span id, built on the first repeated span id of the call (replays are common).
+local by_id = nil
+local function same_execution(id, x)
+  if not by_id then
+    by_id = {}
+    for _, e in ipairs(st.x) do by_id[e[1]] = e end
+  end
+  local seen = by_id[id]
+  if not x then return seen == nil end
+  return seen ~= nil and cjson.encode(seen) == cjson.encode(x)
+end
 for _, f in ipairs(facts) do
   local id, parent, remote, fend, reasons, x, sess = f[1], f[2], f[3], f[4], f[5], f[6], f[7]
-  if not st.s[id] then
+  if st.s[id] then
+    -- A replay repeats a span exactly. The same id with other tool evidence (another tool, other
+    -- arguments, a tool span where there was none) is a conflict: whichever came first must not
+    -- silently win (an agent could hide an execution behind a harmless span's id).
+    if (x or #st.x > 0) and not same_execution(id, x) and not st.r['conflicting_evidence'] then
+      st.r['conflicting_evidence'] = 1
+      flagged = true
+      if was_complete then st.l = 1 end
+    end
+  else
     if st.n >= max_spans then
       if not st.r['limit_exceeded'] then flagged = true end
       st.r['limit_exceeded'] = 1

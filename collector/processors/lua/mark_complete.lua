@@ -11,11 +11,16 @@ else
 end
 local count = tonumber(ARGV[2])
 if count >= 0 then
-  if st.mc >= 0 and st.mc ~= count then st.r['conflicting_completion'] = 1 end
+  -- Two claims of completion that disagree: neither proves anything any more, and a verdict
+  -- decided on the first one is revised (late = the claim was broken).
+  if st.mc >= 0 and st.mc ~= count then st.r['conflicting_completion'] = 1; st.l = 1 end
   st.mc = count
   if st.n > count then st.l = 1 end
 end
-st.ma = tonumber(ARGV[3])
+-- A count-less claim holds from the earliest time it was made: a later marker must not move
+-- completion back and make spans that are late for the first one look timely.
+local at = tonumber(ARGV[3])
+if st.ma < 0 or at < st.ma then st.ma = at end
 local encoded = dump_state(st)
 if raw then
   redis.call('SET', KEYS[1], encoded, 'KEEPTTL')

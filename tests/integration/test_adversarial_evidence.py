@@ -1,0 +1,96 @@
+"""Evidence an agent (or a confused control plane) could use to steer a verdict: none of it may
+produce a FALSE from missing or contradicted evidence, and a FALSE decided on a claim that is
+later contradicted is revised. Asserted on what the scores topic carries.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from collector.client import ToolwitnessClient
+from scoring.models import TraceScorable
+from tests.integration.harness import (
+    control_client,
+    expects,
+    make_config,
+    new_span_id,
+    new_trace_id,
+    otlp_request,
+    otlp_span,
+    raw_producer,
+    running_service,
+    settled,
+    verdict,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def _send(cfg_topic: str, producer: object, trace_id: str, *spans: object) -> None:
+    req = otlp_request(list(spans))  # type: ignore[arg-type]
+    await producer.send_and_wait(cfg_topic, req.SerializeToString(), key=trace_id.encode())  # type: ignore[attr-defined]
+
+
+async def _events(tw: ToolwitnessClient, ident: str, n: int) -> list[str]:
+    async def enough() -> bool:
+        return len({e.score_id for e in tw.events(ident)}) >= n
+
+    from tests.integration.harness import until
+
+    await until(enough, timeout=30)
+    by_version = {e.version: verdict(e) for e in tw.events(ident)}
+    return [by_version[v] for v in sorted(by_version)]
+
+
+async def test_a_span_id_reused_for_other_tool_evidence_is_a_conflict_not_a_silent_win(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000) - 5_000
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+        spans = cfg.kafka.topics.spans
+        hidden, honest = new_trace_id(), new_trace_id()
+        for trace, second_tool in ((hidden, "delete_db"), (honest, "search")):
+            root, sid = new_span_id(), new_span_id()
+            await _send(spans, producer, trace,
+                        otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+                        otlp_span(trace, span_id=sid, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2))
+            # the same span id again: with other tool evidence (hidden) or as an exact replay (honest)
+            await _send(spans, producer, trace, otlp_span(trace, span_id=sid, parent=root, tool=second_tool,
+                                                          start_ms=t0 + 1, end_ms=t0 + 2))
+        ids = {t: await tw.expect(TraceScorable(trace_ids=(t,)), expects("delete_db"), deadline=timedelta(seconds=4))
+               for t in (hidden, honest)}
+        for ident in ids.values():
+            await settled(service, "default", ident)
+        for t in (hidden, honest):
+            await tw.mark_complete(t, span_count=2)
+        honest_ev = await tw.wait_for(ids[honest], timeout=30)
+        assert verdict(honest_ev) == "false" and honest_ev.trigger == "marker"  # an exact replay changes nothing
+        # the conflicting copy keeps absence unprovable: no FALSE, UNDETERMINED at the deadline
+        hidden_ev = await tw.wait_for(ids[hidden], timeout=30)
+        assert verdict(hidden_ev) == "undetermined" and hidden_ev.trigger == "deadline"
+        assert "conflicting_evidence" in hidden_ev.coverage.reasons
+        assert len(tw.events(ids[hidden])) == 1
+
+
+async def test_a_second_marker_with_another_count_revises_the_false_decided_on_the_first(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000) - 5_000
+    async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+        trace, root = new_trace_id(), new_span_id()
+        await _send(cfg.kafka.topics.spans, producer, trace,
+                    otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+                    otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2))
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_db"))
+        await tw.mark_complete(trace, span_count=2)
+        assert verdict(await tw.wait_for(ident, timeout=30)) == "false"
+        await tw.mark_complete(trace, span_count=3)  # the producer now claims another span
+        versions = await _events(tw, ident, 2)
+        assert versions == ["false", "undetermined"]  # revised: the claims disagree
+        (revised,) = [e for e in tw.events(ident) if e.version == 2]
+        assert "conflicting_completion" in revised.coverage.reasons and revised.trigger == "revision"
