@@ -34,7 +34,8 @@ class TraceScorable(_Scorable):
     def _ids(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v:
             raise ValueError("a TraceScorable needs at least one trace id")
-        return tuple(check_trace_id(t) for t in v)
+        # Each trace once (first occurrence kept): a repeated id would count its executions twice.
+        return tuple(dict.fromkeys(check_trace_id(t) for t in v))
 
 
 class SessionScorable(_Scorable):
@@ -60,7 +61,7 @@ class MessageScorable(_Scorable):
     @field_validator("trace_ids")
     @classmethod
     def _ids(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return None if v is None else tuple(check_trace_id(t) for t in v)
+        return None if v is None else tuple(dict.fromkeys(check_trace_id(t) for t in v))
 
     @classmethod
     def from_message(cls, message: Message) -> MessageScorable:

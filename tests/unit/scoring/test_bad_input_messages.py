@@ -65,3 +65,20 @@ async def test_a_message_with_no_linked_trace_says_so() -> None:
     (score,) = await _tools().score_async(MessageScorable(message_id="m-1", trace_ids=()), EXPECT)
     assert score.status is ScoreStatus.UNDETERMINED
     assert score.metadata["coverage_reasons"] == "no_trace_linked"  # not "awaiting_completion"
+
+
+async def test_a_trace_listed_twice_counts_once() -> None:
+    from scoring.models import MessageScorable, Observation, ToolExecution
+    from scoring.models.evidence import Acquisition, CompletionSource, Coverage
+
+    other = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert TraceScorable(trace_ids=(TRACE, other, TRACE)).trace_ids == (TRACE, other)
+    scope = TraceScorable(trace_ids=(TRACE, TRACE))
+    assert scope.trace_ids == (TRACE,)
+    assert MessageScorable(message_id="m", trace_ids=(TRACE, TRACE)).trace_ids == (TRACE,)
+    # at most one "search" ran: max_count=1 holds (it was FALSE with the trace counted twice)
+    obs = Observation(scorable=scope, tool_executions=(ToolExecution(name="search", trace_id=TRACE, span_id="a" * 16),),
+                      coverage=Coverage.completed(CompletionSource.CALLER), acquisition=Acquisition.COMPLETE)
+    once = ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="search", max_count=1),)),))
+    (score,) = await _tools().score_observation_async(obs, once)
+    assert score.get_value() is True
