@@ -98,6 +98,8 @@ class ToolwitnessService:
         self._started = False
         self._last_loop = time.monotonic()
         self._sweeper: asyncio.Task[None] | None = None
+        #: the error that ended the poll loop, if one did
+        self._failed: BaseException | None = None
 
     @property
     def consumer(self) -> AIOKafkaConsumer | None:
@@ -111,6 +113,8 @@ class ToolwitnessService:
     def alive(self) -> bool:
         """Live while starting (every start step has its own deadline and fails the process if it
         passes), then while the poll loop has turned within the last minute."""
+        if self._failed is not None:
+            return False
         return not self._started or time.monotonic() - self._last_loop < 60
 
     async def start(self) -> None:
@@ -166,7 +170,16 @@ class ToolwitnessService:
             await self.shutdown()
 
     async def run(self) -> None:
-        """Poll → checkpoint → commit until asked to stop."""
+        """Poll → checkpoint → commit until asked to stop. An error that is not retriable ends the
+        loop: logged, the service reports itself not alive (/healthz 503), and it is raised."""
+        try:
+            await self._run()
+        except Exception as exc:
+            self._failed = exc
+            log.critical("service: the poll loop stopped on %s: %s", type(exc).__name__, exc, exc_info=exc)
+            raise
+
+    async def _run(self) -> None:
         receiver = self.receiver
         while not self._stopping.is_set():
             self._last_loop = time.monotonic()

@@ -27,6 +27,7 @@ from scoring.normalize.spans import (
     NeutralSpan,
     SpanDecodeError,
     check_otlp_ids,
+    check_otlp_times,
     fact_attributes,
     from_otlp_span,
     otlp_attributes,
@@ -206,13 +207,14 @@ def decode_span_facts(
                     continue
                 span_id = span.span_id
                 parent = span.parent_span_id
+                end = span.end_time_unix_nano
                 try:
                     check_otlp_ids(trace_id, span_id, parent)
+                    check_otlp_times(span.start_time_unix_nano, end)
                 except SpanDecodeError as exc:
                     out.rejected.append((tenant, trace_hex, "invalid_span", str(exc)))
                     continue
                 sampled, remote = otlp_flags(span.flags)
-                end = span.end_time_unix_nano
                 attrs = fact_attributes(kvs) if kvs else no_attrs
                 rules = span_rules(
                     attrs,

@@ -332,6 +332,17 @@ def check_otlp_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> None:
         raise SpanDecodeError(f"parent_span_id must be 8 bytes, got {len(parent)} bytes")
 
 
+#: the latest span time accepted, in ns since the epoch: int64 (the year 2262). OTLP's field is
+#: fixed64; a time beyond int64 is no real clock's, and cannot be carried through the state.
+MAX_TIME_UNIX_NANO = 2**63 - 1
+
+
+def check_otlp_times(start: int, end: int) -> None:
+    """Raise SpanDecodeError if a span time lies beyond ``MAX_TIME_UNIX_NANO``."""
+    if start > MAX_TIME_UNIX_NANO or end > MAX_TIME_UNIX_NANO:
+        raise SpanDecodeError(f"span time beyond int64 nanoseconds (the year 2262): start {start}, end {end}")
+
+
 @functools.lru_cache(maxsize=256)  # a handful of distinct values in practice
 def otlp_flags(flags: int) -> tuple[bool, bool]:
     """(sampled, parent is remote) from OTLP ``Span.flags``."""
@@ -350,6 +361,7 @@ def from_otlp_span(span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] 
     span_id = span.span_id
     parent = span.parent_span_id
     check_otlp_ids(trace_id, span_id, parent)
+    check_otlp_times(span.start_time_unix_nano, span.end_time_unix_nano)
     sampled, parent_is_remote = otlp_flags(span.flags)
     code = span.status.code  # 0 unset, 1 ok, 2 error
     return NeutralSpan(

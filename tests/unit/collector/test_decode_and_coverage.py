@@ -10,7 +10,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from collector.config import CompletionConfig, ServiceConfig
 from collector.processors.decide import trace_coverage
 from collector.processors.trace_state import TraceState
-from collector.receivers.decode import RecordDecodeError, decode_span_record
+from collector.receivers.decode import RecordDecodeError, decode_span_facts, decode_span_record
 from scoring.models import CompletionSource
 
 TRACE = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
@@ -57,6 +57,18 @@ def test_bad_span_does_not_take_good_spans_with_it() -> None:
     out = decode_span_record(req.SerializeToString(), [], CFG)
     assert [s.span_id for _, s in out.spans] == [(1).to_bytes(8, "big").hex()]
     assert [r[2] for r in out.rejected] == ["invalid_span"]
+
+
+def test_a_span_time_beyond_int64_is_refused_on_both_decode_paths() -> None:
+    # 2**64-1 ns used to be stored, then overflow the observation protobuf and stop the poll loop.
+    bad = _span(2)
+    bad.end_time_unix_nano = 2**64 - 1
+    req = _request(_span(1), bad).SerializeToString()
+    out = decode_span_record(req, [], CFG)
+    assert [s.span_id for _, s in out.spans] == [(1).to_bytes(8, "big").hex()]
+    assert [(r[2], "beyond int64" in r[3]) for r in out.rejected] == [("invalid_span", True)]
+    facts = decode_span_facts(req, [], CFG, CFG.limits.max_argument_bytes)
+    assert len(facts.facts) == 1 and [r[2] for r in facts.rejected] == ["invalid_span"]
 
 
 def test_tenant_header_wins_over_resource_attribute() -> None:

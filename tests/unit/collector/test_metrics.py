@@ -45,3 +45,22 @@ async def test_liveness_holds_through_a_slow_start_then_follows_the_poll_loop() 
     service._last_loop = time.monotonic()
     assert service.alive()
     await service.redis.aclose()
+
+
+async def test_a_poll_loop_ended_by_an_error_is_not_alive() -> None:
+    import pytest
+
+    from collector.config import ServiceConfig
+    from collector.pipeline.service import ToolwitnessService
+
+    service = ToolwitnessService(ServiceConfig())
+    service._started = True
+
+    async def broken() -> None:
+        raise ValueError("Value out of range")
+
+    service._run = broken  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="out of range"):
+        await service.run()
+    assert not service.alive()  # /healthz 503: the orchestrator restarts it, not a silent zombie
+    await service.redis.aclose()
