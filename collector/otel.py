@@ -32,6 +32,9 @@ from opentelemetry.trace import format_trace_id
 from collector.client import kafka_security_kwargs
 from collector.config import KafkaSecurityConfig
 from collector.telemetry.metrics import EXPORT_FAILURES
+from collector.wire.convert import TENANT
+from scoring.normalize.spans import LENGTH_LIMITED_FLAG
+from scoring.score.observation.exporter import UnboundedAttributeLimitsError, check_attribute_limits
 
 __all__ = [
     "TENANT_HEADER",
@@ -157,6 +160,33 @@ class SpanCountingProcessor(SpanProcessor):
 # --------------------------------------------------------------------------------------------------
 
 
+def _flag_length_limited(request: Any, spans: Sequence[ReadableSpan]) -> None:
+    """Mark the encoded spans the SDK recorded under a finite or unknown attribute-length limit
+    (``toolwitness.attribute_length_limited=true``): a cut tool name cannot prove which tool ran,
+    so the service keeps such a trace incomplete (``attribute_length_limited``), never FALSE."""
+    limited: set[bytes] = set()
+    for span in spans:
+        try:
+            check_attribute_limits(span)
+        except UnboundedAttributeLimitsError as exc:
+            ctx = span.get_span_context()
+            if ctx is not None:
+                limited.add(ctx.span_id.to_bytes(8, "big"))
+            log.debug("%s: %s", COMPONENT, exc)
+    if not limited:
+        return
+    log.warning(
+        "%s: %d span(s) recorded with a finite attribute-length limit are flagged %s (their traces "
+        "can never be complete); use SpanLimits(max_span_attribute_length=SpanLimits.UNSET)",
+        COMPONENT, len(limited), LENGTH_LIMITED_FLAG,
+    )
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                if sp.span_id in limited:
+                    sp.attributes.add(key=LENGTH_LIMITED_FLAG).value.bool_value = True
+
+
 class KafkaSpanExporter(SpanExporter):
     """An OTel SDK ``SpanExporter`` producing ``otlp_proto`` records to Kafka, keyed by trace id.
 
@@ -179,6 +209,8 @@ class KafkaSpanExporter(SpanExporter):
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if tenant is not None and not TENANT.fullmatch(tenant):  # the service would dead-letter every record
+            raise ValueError(f"tenant {tenant!r} is not [A-Za-z0-9._-]{{1,64}}")
         self._bootstrap = bootstrap_servers
         self._topic = topic
         self._headers: list[tuple[str, bytes]] = [(TENANT_HEADER, tenant.encode("utf-8"))] if tenant else []
@@ -284,7 +316,9 @@ class KafkaSpanExporter(SpanExporter):
         if self._closed:
             return SpanExportResult.FAILURE
         try:
-            parts = split_by_trace(encode_spans(spans))
+            request = encode_spans(spans)
+            _flag_length_limited(request, spans)
+            parts = split_by_trace(request)
             if not parts:
                 return SpanExportResult.SUCCESS
             records = [(tid.encode("ascii"), req.SerializeToString()) for tid, req in parts.items()]

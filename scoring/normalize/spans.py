@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple, cast
 
 from scoring.models.evidence import (
+    ATTRIBUTE_LIMITS,
     ATTRIBUTES_DROPPED,
     CONFLICTING_EVIDENCE,
     SPAN_NOT_ENDED,
@@ -35,6 +36,9 @@ AttrValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Sequence
 
 UNNAMED_TOOL = "unnamed_tool_execution"
 TRUNCATED_FLAG = "toolwitness.tool.call.arguments.truncated"
+#: set (true) by an exporter whose SDK recorded the span under a finite or unknown attribute-length
+#: limit (``KafkaSpanExporter``): any attribute, the tool name included, may be cut.
+LENGTH_LIMITED_FLAG = "toolwitness.attribute_length_limited"
 
 GEN_AI_OPERATION = "gen_ai.operation.name"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
@@ -52,7 +56,7 @@ ERROR_TYPE = "error.type"
 #: plus the session keys: all a span fact depends on (``fact_attributes`` reads only these).
 FACT_KEYS = frozenset(
     {GEN_AI_OPERATION, GEN_AI_TOOL_NAME, GEN_AI_CALL_ID, GEN_AI_ARGUMENTS, OI_KIND, OI_TOOL_NAME, *OI_CALL_IDS}
-    | {*OI_ARGUMENTS, ERROR_TYPE, TRUNCATED_FLAG, *SESSION_KEYS}
+    | {*OI_ARGUMENTS, ERROR_TYPE, TRUNCATED_FLAG, LENGTH_LIMITED_FLAG, *SESSION_KEYS}
 )
 
 # OTLP Span.flags bits (opentelemetry-proto trace.proto SpanFlags).
@@ -162,6 +166,9 @@ def span_rules(
         reasons.append(SPAN_NOT_ENDED)
     if dropped:
         reasons.append(ATTRIBUTES_DROPPED)
+    limited = attrs.get(LENGTH_LIMITED_FLAG) is True
+    if limited:  # even "execute_tool" itself may be cut: any span may hide a tool execution
+        reasons.append(ATTRIBUTE_LIMITS)
     is_gen_ai = attrs.get(GEN_AI_OPERATION) == "execute_tool"
     is_oi = attrs.get(OI_KIND) == "TOOL"
     if not (is_gen_ai or is_oi):
@@ -187,7 +194,7 @@ def span_rules(
     failed = status_error or bool(attrs.get(ERROR_TYPE))
     if arguments is None:
         arg_state = _ABSENT
-    elif attrs.get(TRUNCATED_FLAG) is True or dropped:
+    elif attrs.get(TRUNCATED_FLAG) is True or dropped or limited:
         arg_state = _TRUNCATED
     else:
         arg_state = _CAPTURED

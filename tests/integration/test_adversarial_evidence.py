@@ -94,3 +94,33 @@ async def test_a_second_marker_with_another_count_revises_the_false_decided_on_t
         assert versions == ["false", "undetermined"]  # revised: the claims disagree
         (revised,) = [e for e in tw.events(ident) if e.version == 2]
         assert "conflicting_completion" in revised.coverage.reasons and revised.trigger == "revision"
+
+
+async def test_spans_cut_by_the_sdks_attribute_limit_never_prove_absence(kafka_bootstrap: str, redis_url: str) -> None:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from collector.otel import KafkaSpanExporter, SpanCountingProcessor
+
+    cfg = make_config(kafka_bootstrap, redis_url)
+    provider = TracerProvider(sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=12))
+    counter = SpanCountingProcessor()
+    provider.add_span_processor(counter)
+    provider.add_span_processor(SimpleSpanProcessor(KafkaSpanExporter(bootstrap_servers=kafka_bootstrap,
+                                                                      topic=cfg.kafka.topics.spans)))
+    tracer = provider.get_tracer("limited-agent")
+    async with running_service(cfg), control_client(cfg) as tw:
+        with tracer.start_as_current_span("agent", context=Context()) as root:
+            with tracer.start_as_current_span("execute_tool", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "delete_database"}):
+                pass  # exported as "delete_datab": the name was cut to 12 characters
+            trace = f"{root.get_span_context().trace_id:032x}"
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_database"),
+                                deadline=timedelta(seconds=4))
+        await tw.mark_complete(trace, span_count=counter.count(trace))
+        ev = await tw.wait_for(ident, timeout=30)
+        assert verdict(ev) == "undetermined" and ev.trigger == "deadline"  # it used to be FALSE, complete
+        assert "attribute_length_limited" in ev.coverage.reasons
+    provider.shutdown()

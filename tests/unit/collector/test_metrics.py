@@ -64,3 +64,13 @@ async def test_a_poll_loop_ended_by_an_error_is_not_alive() -> None:
         await service.run()
     assert not service.alive()  # /healthz 503: the orchestrator restarts it, not a silent zombie
     await service.redis.aclose()
+
+
+def test_kafka_span_exporter_refuses_a_tenant_the_service_would_dead_letter() -> None:
+    import pytest
+
+    from collector.otel import KafkaSpanExporter
+
+    with pytest.raises(ValueError, match=r"tenant 'acme corp' is not"):
+        KafkaSpanExporter(bootstrap_servers="127.0.0.1:1", tenant="acme corp")
+    KafkaSpanExporter(bootstrap_servers="127.0.0.1:1", tenant="acme-corp").shutdown()
