@@ -603,7 +603,13 @@ class ToolwitnessClient:
         await self._send_control(trace_id, control_pb2.ControlMessage(completion=marker))
 
     async def mark_session_complete(self, session_id: str, at: datetime | None = None) -> None:
-        """Declare every trace of session ``session_id`` complete (keyed by the session id)."""
+        """Declare that session ``session_id`` has no traces beyond those it has (keyed by the session id).
+
+        It completes the session's trace SET, not its traces: each trace still needs its own
+        ``mark_complete`` (with ``span_count``) before absence can be proven. The session counts as
+        complete once the event-time watermark passes ``at`` plus ``allowed_lateness_ms``, so the
+        spans of a trace still in flight are linked first; a trace that joins the session after
+        that breaks the claim: a FALSE decided on it is revised (never FALSE again for it)."""
         if not session_id:
             raise ValueError("session_id must not be empty")
         marker = control_pb2.CompletionMarker(tenant=self.tenant, session_id=session_id)

@@ -40,7 +40,7 @@ from collector.pipeline.engine import Engine, Published, Work
 from collector.processors.completion import WatermarkTracker
 from collector.processors.decide import Outcome, scope_bytes_bound
 from collector.processors.normalize import rejected_fact
-from collector.processors.trace_state import TraceStateStore
+from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts
 from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
 from collector.wire.convert import ControlDecodeError, check_marker, decode_control, expectation_from_proto, now_ms
@@ -164,8 +164,11 @@ class Checkpoint:
             sessions.extend((tenant, s, trace) for s in r.new_sessions)
             if r.root_end_ms and self.cfg.completion.mode == "inferred":
                 waits.append((tenant, trace, r.root_end_ms + lateness))
-        for (tenant, _session), ids in (await self.store.index_sessions(sessions)).items():
+        pending, revisions = await self.store.index_sessions(sessions, watermark)
+        for (tenant, _session), ids in pending.items():
             work.add(tenant, ids, "span")
+        for (tenant, _session), ids in revisions.items():
+            work.revisions.update((tenant, d) for d in ids)
         # Span batches never carry authority: only control records register or complete.
         for rec, msg in controls:
             await self._control(rec, msg, work, waits, dead)
@@ -257,6 +260,8 @@ class Checkpoint:
                         await self.store.reclaim([(tenant, m.trace_id)])
                 else:
                     work.add(tenant, await self.store.mark_session_complete(tenant, m.session_id, at), "marker")
+                    # complete once the watermark passes it: the sweeper re-evaluates the session then
+                    waits.append((tenant, SESSION_WAIT + m.session_id, at + self.cfg.completion.allowed_lateness_ms))
             elif kind == "cancel":
                 c = msg.cancel
                 tenant = c.tenant or default_tenant

@@ -99,15 +99,20 @@ class Engine:
         outcomes: list[Outcome] = []
         for k, exp in exps.items():
             final = k in work.final or now_ms >= exp.deadline_ms
-            session_complete = False
+            session_complete = session_late = False
             if isinstance(exp.scope, SessionScorable):
-                session_complete = await self.store.session_complete(exp.tenant, exp.scope.session_id)
+                # Like a count-less trace marker: complete once the watermark passes the session
+                # marker plus the allowed lateness, so the spans of a trace still in flight when
+                # the marker was sent are linked to the session before absence is judged.
+                at, session_late = await self.store.session_state(exp.tenant, exp.scope.session_id)
+                session_complete = at is not None and watermark_ms >= at + self.cfg.completion.allowed_lateness_ms
             obs = self.decider.observation_for(
                 exp,
                 traces[k],
                 work.states,
                 watermark_ms,
                 session_complete=session_complete,
+                session_late=session_late,
                 lost=exp.created_ms < self.lost_at_ms,
             )
             if not self.decider.fits(obs):  # judged on exactly what will be published

@@ -31,7 +31,7 @@ from collector.pipeline.engine import Engine, Work
 from collector.pipeline.recovery import Recovery
 from collector.processors.completion import WatermarkTracker
 from collector.processors.resp import RedisClient
-from collector.processors.trace_state import TraceStateStore
+from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
 from collector.telemetry.metrics import EXPORT_FAILURES
 
@@ -248,8 +248,11 @@ class ToolwitnessService:
             for tenant, ident in deadlines:
                 work.final.add((tenant, ident))
                 work.pending[(tenant, ident)] = "deadline"
-            for tenant, trace in waiting:
-                work.add(tenant, await self.store.trace_pending(tenant, trace), "watermark")
+            for tenant, ident in waiting:
+                if ident.startswith(SESSION_WAIT):
+                    work.add(tenant, await self.store.session_pending(tenant, ident[len(SESSION_WAIT) :]), "watermark")
+                else:
+                    work.add(tenant, await self.store.trace_pending(tenant, ident), "watermark")
             published = []
             if work.pending or work.final:
                 outcomes = await self.engine.evaluate(work, watermark)

@@ -87,20 +87,26 @@ class WatermarkTracker:
         raw = await self.redis.hgetall(self.key)
         active: list[int] = []
         idle: list[int] = []
+        checked: list[int] = []
         floor = self._floor
         for k, v in raw.items():
             if k in (GLOBAL_FIELD, GLOBAL_FIELD.decode()):
                 floor = max(floor, int(v))
                 continue
-            wm, last, caught, _ = json.loads(v)
+            wm, last, caught, published = json.loads(v)
             if caught and now - int(last) >= self.cfg.idle_partition_ms:
                 idle.append(int(wm))
+                checked.append(int(published))
             else:
                 active.append(int(wm))
         if active:
             g = min(active)
         elif idle:
-            g = max(idle)
+            # Every partition idle and caught up: nothing is waiting in Kafka. Event time cannot
+            # advance without spans, so the watermark follows the time up to which every partition
+            # was seen caught up (else a marker without count on a quiet pipeline would never
+            # complete); a span exported later with an older time is late and revises.
+            g = max(max(idle), min(checked) - self.cfg.max_out_of_orderness_ms)
         else:
             g = 0
         # Never backwards: completions were decided at the watermark reached; a partition that

@@ -180,6 +180,7 @@ class Decider:
         watermark_ms: int,
         *,
         session_complete: bool = False,
+        session_late: bool = False,
         lost: bool = False,
     ) -> Observation:
         executions: list[ToolExecution] = []
@@ -195,6 +196,8 @@ class Decider:
                 executions.extend(executions_of(st, t))
         if not traces:  # a session's traces may still come; other scopes name theirs up front
             reasons.add(AWAITING_COMPLETION if isinstance(exp.scope, SessionScorable) else NO_TRACE_LINKED)
+        if session_late:  # a trace came after the session was complete: the claim is broken
+            reasons.add(LATE_SPAN)
         if isinstance(exp.scope, SessionScorable) and not session_complete:
             reasons.add(AWAITING_COMPLETION)
         if lost:

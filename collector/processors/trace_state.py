@@ -87,6 +87,12 @@ class Keys:
     def session_complete(self, tenant: str, session_id: str) -> str:
         return f"{self.p}:{{{tenant}:s:{session_id}}}:c"
 
+    def session_decided(self, tenant: str, session_id: str) -> str:
+        return f"{self.p}:{{{tenant}:s:{session_id}}}:d"
+
+    def session_late(self, tenant: str, session_id: str) -> str:
+        return f"{self.p}:{{{tenant}:s:{session_id}}}:l"
+
     def expectation(self, tenant: str, expectation_id: str) -> str:
         return f"{self.p}:{{{tenant}:e:{expectation_id}}}:def"
 
@@ -95,6 +101,10 @@ class Keys:
 
     def watermarks(self, topic: str) -> str:
         return f"{self.p}:wm:{topic}"
+
+
+#: prefix of a session (not a trace) in the await-watermark set: trace ids are 32 hex digits.
+SESSION_WAIT = "s:"
 
 
 def member(tenant: str, ident: str) -> str:
@@ -288,21 +298,36 @@ class TraceStateStore:
             state=TraceState.from_json(r[1]) if r[1] else None,
         )
 
-    async def index_sessions(self, items: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
-        """Record trace→session links; return the pending expectation ids of each session."""
+    async def index_sessions(
+        self, items: Iterable[tuple[str, str, str]], watermark_ms: int
+    ) -> tuple[dict[tuple[str, str], list[str]], dict[tuple[str, str], list[str]]]:
+        """Record trace→session links. Returns (pending, revisions): the pending expectation ids of
+        each session, and -- for a trace linked to a session that was already complete (its marker
+        passed by the watermark) -- the session's decided ids: the completeness claim is broken
+        (the session is flagged late), so a FALSE decided on it is revised."""
         items = list(items)
         if not items:
-            return {}
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for tenant, session, trace in items:
-                pipe.sadd(self.k.session_traces(tenant, session), trace)
-                pipe.pexpire(self.k.session_traces(tenant, session), self.ttl_ms)
-                pipe.smembers(self.k.session_pending(tenant, session))
-            raw = await pipe.execute()
-        out: dict[tuple[str, str], list[str]] = {}
+            return {}, {}
+        lateness = self.cfg.completion.allowed_lateness_ms
+        cmds = Commands()
+        for tenant, session, trace in items:
+            cmds.add("SADD", self.k.session_traces(tenant, session), trace)
+            cmds.add("PEXPIRE", self.k.session_traces(tenant, session), self.ttl_ms)
+            cmds.add("SMEMBERS", self.k.session_pending(tenant, session))
+            cmds.add("GET", self.k.session_complete(tenant, session))
+            cmds.add("SMEMBERS", self.k.session_decided(tenant, session))
+        raw = await self._execute(cmds)
+        pending: dict[tuple[str, str], list[str]] = {}
+        revisions: dict[tuple[str, str], list[str]] = {}
+        late = Commands()
         for i, (tenant, session, _) in enumerate(items):
-            out[(tenant, session)] = sorted(_s(x) for x in raw[3 * i + 2])
-        return out
+            added, _, pend, marker_at, decided = raw[5 * i : 5 * i + 5]
+            pending[(tenant, session)] = sorted(_s(x) for x in pend)
+            if int(added) and marker_at is not None and watermark_ms >= int(marker_at) + lateness:
+                late.add("SET", self.k.session_late(tenant, session), 1, "PX", self.ttl_ms)
+                revisions.setdefault((tenant, session), []).extend(sorted(_s(x) for x in decided))
+        await self._execute(late)
+        return pending, revisions
 
     async def mark_complete(
         self, tenant: str, trace_id: str, span_count: int | None, at_ms: int
@@ -358,8 +383,16 @@ class TraceStateStore:
         """Registered and neither decided nor cancelled (it still has a deadline entry)."""
         return await self.redis.zscore(self.k.deadlines, member(tenant, expectation_id)) is not None
 
-    async def session_complete(self, tenant: str, session_id: str) -> bool:
-        return bool(await self.redis.exists(self.k.session_complete(tenant, session_id)))
+    async def session_state(self, tenant: str, session_id: str) -> tuple[int | None, bool]:
+        """(time of the session's completion marker or None, whether a trace came after the session
+        was complete). The keys share the session's hash tag: one slot, one MGET."""
+        at, late = await self.redis.mget(
+            [self.k.session_complete(tenant, session_id), self.k.session_late(tenant, session_id)]
+        )
+        return (int(at) if at is not None else None), late is not None
+
+    async def session_pending(self, tenant: str, session_id: str) -> list[str]:
+        return sorted(_s(x) for x in await self.redis.smembers(self.k.session_pending(tenant, session_id)))
 
     async def load_expectations(self, tenant: str, ids: Sequence[str]) -> dict[str, RegisteredExpectation]:
         if not ids:
@@ -444,13 +477,13 @@ class TraceStateStore:
         shorten = set(reclaim)
         members = [member(e.tenant, e.expectation_id) for e in (*decided, *finished)]
         by_trace: dict[tuple[str, str, str], list[str]] = {}
-        sessions: list[tuple[str, str, str]] = []
+        sessions: list[tuple[str, str, str, bool]] = []
         for op, exps in (("done", decided), ("drop", finished)):
             for exp in exps:
                 for trace in exp.trace_ids():
                     by_trace.setdefault((op, exp.tenant, trace), []).append(exp.expectation_id)
                 if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-                    sessions.append((exp.tenant, exp.scope.session_id, exp.expectation_id))
+                    sessions.append((exp.tenant, exp.scope.session_id, exp.expectation_id, op == "done"))
         ms = self.cfg.redis.completed_ttl_seconds * 1000
         cmds = Commands()
         zadd: list[Arg] = ["ZADD", self.k.unpublished]
@@ -463,8 +496,13 @@ class TraceStateStore:
                 [self.k.state(tenant, trace)],
                 [self.ttl_ms, op, ms if (tenant, trace) in shorten else 0, *ids],
             )
-        for tenant, session, exp_id in sessions:
+        for tenant, session, exp_id, revisable in sessions:
             cmds.add("SREM", self.k.session_pending(tenant, session), exp_id)
+            if revisable:  # a trace arriving after the session was complete revises it
+                cmds.add("SADD", self.k.session_decided(tenant, session), exp_id)
+                cmds.add("PEXPIRE", self.k.session_decided(tenant, session), self.ttl_ms)
+            else:
+                cmds.add("SREM", self.k.session_decided(tenant, session), exp_id)
         cmds.add("ZREM", self.k.deadlines, *members)
         await self._execute(cmds)
 

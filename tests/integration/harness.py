@@ -60,7 +60,8 @@ def make_config(kafka_bootstrap: str, redis_url: str, **overrides: Any) -> Servi
         "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": f"g-{run}", "topics": topics.model_dump(),
                   "poll_timeout_ms": 50},
         "redis": {"url": redis_url, "key_prefix": f"t{run}"},
-        "completion": {"sweep_interval_ms": 100, "default_deadline_seconds": 60},
+        # idle after 1 s (default 10 s): a quiet test pipeline's watermark follows the clock sooner
+        "completion": {"sweep_interval_ms": 100, "default_deadline_seconds": 60, "idle_partition_ms": 1000},
         "admin": {"port": 0},
     }
     for k, v in overrides.items():

@@ -124,3 +124,57 @@ async def test_spans_cut_by_the_sdks_attribute_limit_never_prove_absence(kafka_b
         assert verdict(ev) == "undetermined" and ev.trigger == "deadline"  # it used to be FALSE, complete
         assert "attribute_length_limited" in ev.coverage.reasons
     provider.shutdown()
+
+
+def _session_trace(trace: str, session: str, tool: str, t0: int) -> list[object]:
+    root = new_span_id()
+    attrs = {"gen_ai.conversation.id": session}
+    return [otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50, attrs=attrs),
+            otlp_span(trace, parent=root, tool=tool, start_ms=t0 + 1, end_ms=t0 + 2, attrs=attrs)]
+
+
+async def test_a_session_trace_whose_spans_trail_its_marker_is_waited_for(kafka_bootstrap: str, redis_url: str) -> None:
+    # The harness marks both traces and the session complete; trace 2's spans are still in flight.
+    from scoring.models import SessionScorable
+
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000) - 5_000
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+        spans, session = cfg.kafka.topics.spans, f"s-{new_trace_id()[:8]}"
+        first, second = new_trace_id(), new_trace_id()
+        await _send(spans, producer, first, *_session_trace(first, session, "search", t0))
+        ident = await tw.expect(SessionScorable(session_id=session), expects("delete"))
+        await settled(service, "default", ident)
+        await tw.mark_complete(first, span_count=2)
+        await tw.mark_complete(second, span_count=2)
+        await tw.mark_session_complete(session)
+        # the service has taken the session marker (and swept) before trace 2's spans arrive
+        from tests.integration.harness import until
+
+        await until(lambda: service.redis.exists(service.store.k.session_complete("default", session)))
+        async with service.batch_lock:
+            pass
+        await service.sweep()
+        assert tw.events(ident) == []
+        await _send(spans, producer, second, *_session_trace(second, session, "delete", t0 + 100))
+        ev = await tw.wait_for(ident, timeout=30)
+        assert verdict(ev) == "true" and ev.version == 1  # never a FALSE first
+
+
+async def test_a_trace_joining_a_completed_session_revises_its_false(kafka_bootstrap: str, redis_url: str) -> None:
+    from scoring.models import SessionScorable
+
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000) - 5_000
+    async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+        spans, session = cfg.kafka.topics.spans, f"s-{new_trace_id()[:8]}"
+        first, late = new_trace_id(), new_trace_id()
+        await _send(spans, producer, first, *_session_trace(first, session, "search", t0))
+        ident = await tw.expect(SessionScorable(session_id=session), expects("delete"))
+        await tw.mark_complete(first, span_count=2)
+        await tw.mark_session_complete(session)
+        assert verdict(await tw.wait_for(ident, timeout=30)) == "false"  # complete: the claim says so
+        await _send(spans, producer, late, *_session_trace(late, session, "delete", t0 + 100))
+        assert await _events(tw, ident, 2) == ["false", "true"]  # the claim was broken: revised
+        (revised,) = [e for e in tw.events(ident) if e.version == 2]
+        assert revised.trigger == "revision" and "late_span_after_completion" in revised.coverage.reasons

@@ -121,7 +121,7 @@ async def test_span_attributes_have_no_authority(kafka_bootstrap: str, redis_url
             assert raw is not None
             state = TraceState.from_json(raw)
             assert (state.marker_count, state.marker_at_ms) == (-1, -1), "a span declared the trace complete"
-            assert not await service.store.session_complete("default", SESSION)
+            assert (await service.store.session_state("default", SESSION))[0] is None
             assert await service.store.session_traces("default", SESSION) == [trace]  # evidence, not authority
             assert tw.events(trace_exp) == [] and tw.events(session_exp) == [], "absence decided without a marker"
             assert tw.events("smuggled") == [] and tw.events("smuggled-2") == []

@@ -55,3 +55,20 @@ async def test_the_global_watermark_never_goes_backwards(redis_client: Redis, re
     restarted._published_at = 0.0  # publish is rate-limited (REFRESH_S): this is the next tick
     await restarted.publish({0: False, 1: False}, NOW + 20_000)
     assert await tracker(redis_client, key, set()).global_watermark(NOW + 20_000) == NOW + 19_000
+
+
+async def test_a_quiet_caught_up_pipeline_follows_the_time_it_was_seen_caught_up(
+    redis_client: Redis, redis_key_prefix: str
+) -> None:
+    key = f"{redis_key_prefix}wm-quiet"
+    t = tracker(redis_client, key, {0, 1})
+    t.observe(0, NOW - 50_000, NOW - 40_000)  # the last spans, long ago
+    t.observe(1, NOW - 60_000, NOW - 40_000)
+    await t.publish({0: True, 1: True}, NOW)  # both caught up, idle for 40 s
+    # without new spans event time stands still; a count-less marker would never complete
+    assert await tracker(redis_client, key, set()).global_watermark(NOW) == NOW - 1000
+    # one partition not caught up (a backlog): it holds the watermark at its own event time
+    t.observe(1, NOW - 30_000, NOW + 1)
+    t._published_at = 0.0
+    await t.publish({0: True, 1: False}, NOW + 1)
+    assert await tracker(redis_client, key, set()).global_watermark(NOW + 1) == NOW - 1000  # never backwards
