@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -68,6 +68,7 @@ from scoring.models.scorables import check_trace_id
 
 __all__ = [
     "DEFAULT_DEADLINE",
+    "ExpectationCancelledError",
     "ToolwitnessClient",
     "TopicSetupError",
     "build_expectation",
@@ -350,6 +351,12 @@ def build_expectation(
 # --------------------------------------------------------------------------------------------------
 
 
+class ExpectationCancelledError(Exception):
+    """``wait_for`` on an expectation this client cancelled meanwhile."""
+
+    retriable = False
+
+
 class ToolwitnessClient:
     """Async control-plane client (see the module docstring). Use as ``async with``."""
 
@@ -368,7 +375,11 @@ class ToolwitnessClient:
         metadata_max_age_ms: int = 30_000,
         all_tenants: bool = False,
         max_retained: int = 100_000,
+        scores_from: Literal["end", "beginning"] = "end",
     ) -> None:
+        if scores_from not in ("end", "beginning"):
+            raise ValueError(f"scores_from must be 'end' or 'beginning', got {scores_from!r}")
+        self._scores_from = scores_from
         if not tenant:
             raise ValueError("tenant must not be empty")
         if not TENANT.fullmatch(tenant):  # the service would dead-letter every control message
@@ -405,7 +416,8 @@ class ToolwitnessClient:
         self._started = False
         self._start_lock = asyncio.Lock()
 
-        self._events: dict[str, list[score_pb2.ScoreEvent]] = {}
+        #: (tenant, expectation id) -> events: two tenants may use the same expectation id
+        self._events: dict[tuple[str, str], list[score_pb2.ScoreEvent]] = {}
         #: score_id -> event, in arrival order (also the de-duplication set)
         self._arrived: OrderedDict[str, score_pb2.ScoreEvent] = OrderedDict()
         self._forgotten = 0
@@ -416,7 +428,7 @@ class ToolwitnessClient:
         #: new assignment (partitions added to the topic) resumes from, so nothing is skipped.
         self._positions: dict[TopicPartition, int] = {}
         self._assigned: frozenset[TopicPartition] = frozenset()
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._waiters: dict[tuple[str, str], list[asyncio.Future[score_pb2.ScoreEvent]]] = {}
         self._subscribers: list[asyncio.Queue[score_pb2.ScoreEvent | None]] = []
 
     @classmethod
@@ -496,9 +508,14 @@ class ToolwitnessClient:
                     assigned = self._consumer.assignment()
                     if not assigned:
                         raise TopicSetupError(f"scores topic {self.topics.scores!r} has no partitions")
-                    # Pin the position of every partition at its current end NOW, before any
-                    # expectation can be sent, so no score for it can be missed.
-                    await self._consumer.seek_to_end(*assigned)
+                    # Pin the position of every partition NOW, before any expectation can be sent,
+                    # so no score for it can be missed: at the end, or (a harness that restarts and
+                    # wants the verdicts published while it was down) at the start of what the
+                    # topic retains.
+                    if self._scores_from == "beginning":
+                        await self._consumer.seek_to_beginning(*assigned)
+                    else:
+                        await self._consumer.seek_to_end(*assigned)
                     self._positions = {tp: await self._consumer.position(tp) for tp in assigned}
                     self._assigned = frozenset(assigned)
             except BaseException:
@@ -622,6 +639,10 @@ class ToolwitnessClient:
             raise ValueError("expectation_id must not be empty")
         msg = control_pb2.CancelExpectation(tenant=self.tenant, expectation_id=expectation_id, reason=reason)
         await self._send_control(expectation_id, control_pb2.ControlMessage(cancel=msg))
+        # No score will come for it: whoever waits for it here is told so, not left to time out.
+        for fut in self._waiters.pop((self.tenant, expectation_id), []):
+            if not fut.done():
+                fut.set_exception(ExpectationCancelledError(f"expectation {expectation_id!r} was cancelled"))
 
     # -- scores ----------------------------------------------------------------------------------
 
@@ -645,14 +666,16 @@ class ToolwitnessClient:
         """Records on the scores topic that were not a ScoreEvent (skipped)."""
         return self._undecodable
 
-    def events(self, expectation_id: str) -> list[score_pb2.ScoreEvent]:
-        """Every distinct score event received for an expectation (all versions, arrival order)."""
-        return list(self._events.get(expectation_id, ()))
+    def events(self, expectation_id: str, *, tenant: str | None = None) -> list[score_pb2.ScoreEvent]:
+        """Every distinct score event received for an expectation (all versions, arrival order).
 
-    def latest(self, expectation_id: str) -> score_pb2.ScoreEvent | None:
+        ``tenant``: whose expectation (default this client's; other tenants' need ``all_tenants``)."""
+        return list(self._events.get((tenant or self.tenant, expectation_id), ()))
+
+    def latest(self, expectation_id: str, *, tenant: str | None = None) -> score_pb2.ScoreEvent | None:
         """The highest version received for an expectation, or None."""
         best: score_pb2.ScoreEvent | None = None
-        for ev in self._events.get(expectation_id, ()):
+        for ev in self._events.get((tenant or self.tenant, expectation_id), ()):
             if best is None or ev.version >= best.version:
                 best = ev
         return best
@@ -722,24 +745,28 @@ class ToolwitnessClient:
         if not self._all_tenants and ev.tenant != self.tenant:
             self._other_tenants += 1
             return
-        sid = ev.score_id or score_id_for(ev.expectation_id, ev.version)
+        sid = ev.score_id or score_id_for(ev.tenant, ev.expectation_id, ev.version)
         if sid in self._arrived:
             self._duplicates += 1
             return
         self._arrived[sid] = ev
-        self._events.setdefault(ev.expectation_id, []).append(ev)
+        key = (ev.tenant, ev.expectation_id)
+        self._events.setdefault(key, []).append(ev)
         while len(self._arrived) > self._max_retained:
             _, old = self._arrived.popitem(last=False)
-            kept = self._events[old.expectation_id]
+            old_key = (old.tenant, old.expectation_id)
+            kept = self._events[old_key]
             kept.remove(old)
             if not kept:
-                del self._events[old.expectation_id]
+                del self._events[old_key]
             self._forgotten += 1
         for q in self._subscribers:
             q.put_nowait(ev)
-        for fut in self._waiters.pop(ev.expectation_id, []):
+        # The event itself goes to the waiters: later records of the same batch may evict it from
+        # the retained set (max_retained) before a waiter runs.
+        for fut in self._waiters.pop(key, []):
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(ev)
 
     def _wake_all(self, exc: BaseException) -> None:
         for futs in self._waiters.values():
@@ -772,36 +799,47 @@ class ToolwitnessClient:
         finally:
             self._subscribers.remove(q)
 
-    async def wait_for(self, expectation_id: str, timeout: float) -> score_pb2.ScoreEvent:
+    async def wait_for(
+        self, expectation_id: str, timeout: float, *, tenant: str | None = None
+    ) -> score_pb2.ScoreEvent:
         """The latest version of the score for ``expectation_id``; waits up to ``timeout`` s.
 
-        Raises ``TimeoutError`` (== ``asyncio.TimeoutError``) when none arrived in time.
+        Only scores read since the client started count (``scores_from="end"``, the default,
+        starts at the topic's end: a verdict published before, or while a restarted harness was
+        down, needs ``scores_from="beginning"``). Raises ``TimeoutError`` (==
+        ``asyncio.TimeoutError``) when none arrived in time, ``ExpectationCancelledError`` when this
+        client cancels the expectation meanwhile.
         """
         self._require_started()
-        found = self.latest(expectation_id)
+        if timeout is None or not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        key = (tenant or self.tenant, expectation_id)
+        found = self.latest(expectation_id, tenant=key[0])
         if found is not None:
             return found
         if self._consumer_error is not None:
             raise RuntimeError("the scores consumer failed") from self._consumer_error
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(expectation_id, []).append(fut)
+        fut: asyncio.Future[score_pb2.ScoreEvent] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, []).append(fut)
         try:
             async with asyncio.timeout(timeout):
-                await fut
+                arrived = await fut
         except TimeoutError:
             raise TimeoutError(
-                f"no score for expectation {expectation_id!r} on topic {self.topics.scores!r} within {timeout}s "
-                "(is the toolwitness service running, and was the scope completed or its deadline reached?)"
+                f"no score for expectation {expectation_id!r} (tenant {key[0]!r}) on topic {self.topics.scores!r} "
+                f"within {timeout}s: is the service running, was the scope completed or its deadline reached, "
+                "was the expectation accepted (the service dead-letters unknown scorers and unscorable "
+                "expectations), and was the score published after this client started (scores_from)?"
             ) from None
         finally:
-            waiters = self._waiters.get(expectation_id)
+            waiters = self._waiters.get(key)
             if waiters is not None and fut in waiters:
                 waiters.remove(fut)
                 if not waiters:
-                    del self._waiters[expectation_id]
-        latest = self.latest(expectation_id)
-        assert latest is not None
-        return latest
+                    del self._waiters[key]
+        # A newer version may have arrived meanwhile; the event itself if it was already evicted.
+        latest = self.latest(expectation_id, tenant=key[0])
+        return latest if latest is not None and latest.version >= arrived.version else arrived
 
     # -- observations ----------------------------------------------------------------------------
 

@@ -296,7 +296,7 @@ class Decider:
         trigger: str,
         now: datetime,
     ) -> Outcome:
-        sid = score_id_for(exp.expectation_id, version)
+        sid = score_id_for(exp.tenant, exp.expectation_id, version)
         # The id is computed here, once, for the observations that get published (not by copying
         # the model); the event shares the observation's coverage message.
         oid = observation.observation_id or observation.content_hash()

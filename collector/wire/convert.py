@@ -387,9 +387,10 @@ def observation_from_proto(p: score_pb2.Observation) -> Observation:
     )
 
 
-def score_id_for(expectation_id: str, version: int) -> str:
-    """Deterministic score id: the same expectation and version always give the same id."""
-    return hashlib.sha256(f"{expectation_id}\x00{version}".encode()).hexdigest()[:32]
+def score_id_for(tenant: str, expectation_id: str, version: int) -> str:
+    """Deterministic score id: the same expectation (of one tenant) and version always give the same
+    id; two tenants' expectations with the same id never share one (the scores topic is shared)."""
+    return hashlib.sha256(f"{tenant}\x00{expectation_id}\x00{version}".encode()).hexdigest()[:32]
 
 
 def encode(msg: score_pb2.ScoreEvent | score_pb2.Observation | control_pb2.ControlMessage, fmt: str) -> bytes:

@@ -340,7 +340,7 @@ def score_event(
     expectation_id: str, version: int = 1, status: common_pb2.ScoreStatus.ValueType = common_pb2.SCORE_STATUS_TRUE
 ) -> score_pb2.ScoreEvent:
     ev = score_pb2.ScoreEvent(
-        score_id=score_id_for(expectation_id, version),
+        score_id=score_id_for("acme", expectation_id, version),
         expectation_id=expectation_id,
         version=version,
         tenant="acme",
@@ -403,6 +403,12 @@ async def test_scores_sent_before_start_are_not_seen(
             await producer.send_and_wait(topics.scores, value=encode(fresh, "protobuf"), partition=1)
             assert await tw.wait_for("fresh-expectation", timeout=TIMEOUT_S) == fresh
             assert tw.events("old-expectation") == []
+        # A harness restarted after its verdicts were published reads the topic from its start.
+        async with ToolwitnessClient(
+            bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, scores_from="beginning"
+        ) as again:
+            assert await again.wait_for("old-expectation", timeout=TIMEOUT_S) == old
+            assert await again.wait_for("fresh-expectation", timeout=TIMEOUT_S) == fresh
 
 
 async def test_partitions_added_to_the_scores_topic_are_read_from_their_start_and_the_rest_resume(
@@ -454,7 +460,8 @@ async def test_other_tenants_scores_are_counted_not_kept_unless_asked(
             assert await anext(stream) == mine  # theirs never reaches a subscriber
             await stream.aclose()
             assert await everyone.wait_for("mine", timeout=TIMEOUT_S) == mine
-            assert everyone.events("theirs") == [theirs] and everyone.other_tenants == 0
+            assert everyone.events("theirs", tenant="globex") == [theirs] and everyone.other_tenants == 0
+            assert everyone.events("theirs") == []  # another tenant's expectation is asked for by its tenant
 
 
 async def test_get_observation_reads_and_verifies(

@@ -12,7 +12,7 @@ from collector.wire.gen import common_pb2, score_pb2
 
 def _event(expectation_id: str, version: int = 1, tenant: str = "acme") -> bytes:
     ev = score_pb2.ScoreEvent(
-        score_id=score_id_for(expectation_id, version),
+        score_id=score_id_for(tenant, expectation_id, version),
         expectation_id=expectation_id,
         version=version,
         tenant=tenant,
@@ -35,7 +35,7 @@ def test_the_oldest_arrivals_are_forgotten_beyond_max_retained() -> None:
     tw._ingest(_event("e"))
     assert tw.events("b") == [] and tw.events("a") == [] and tw.forgotten == 3
     assert tw.latest("a") is None
-    assert len(tw._arrived) == 3 and set(tw._events) == {"c", "d", "e"}
+    assert len(tw._arrived) == 3 and set(tw._events) == {("acme", "c"), ("acme", "d"), ("acme", "e")}
 
 
 def test_a_resend_within_the_window_is_a_duplicate() -> None:
@@ -61,3 +61,47 @@ def test_max_retained_must_be_positive(bad: int) -> None:
 def test_metadata_max_age_is_bounded(bad: int) -> None:
     with pytest.raises(ValueError, match="metadata_max_age_ms"):
         ToolwitnessClient(bootstrap_servers="127.0.0.1:1", metadata_max_age_ms=bad)
+
+
+def test_two_tenants_with_one_expectation_id_do_not_collide() -> None:
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme", all_tenants=True)
+    assert score_id_for("acme", "e1", 1) != score_id_for("beta", "e1", 1)
+    tw._ingest(_event("e1", tenant="beta"))
+    tw._ingest(_event("e1", tenant="acme"))
+    assert tw.duplicates == 0
+    assert [e.tenant for e in tw.events("e1")] == ["acme"]  # this client's tenant by default
+    assert [e.tenant for e in tw.events("e1", tenant="beta")] == ["beta"]
+
+
+async def test_wait_for_gets_the_event_even_if_the_same_batch_evicted_it() -> None:
+    import asyncio
+
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme", max_retained=2)
+    tw._started = True  # records are fed by hand below, as the consumer would
+    waiter = asyncio.create_task(tw.wait_for("w", timeout=5))
+    await asyncio.sleep(0)  # the waiter is registered
+    for raw in (_event("w"), _event("x"), _event("y")):  # one batch: w is evicted before the waiter runs
+        tw._ingest(raw)
+    ev = await waiter
+    assert ev.expectation_id == "w" and tw.events("w") == []
+
+
+async def test_cancel_wakes_whoever_waits_for_it() -> None:
+    import asyncio
+
+    from collector.client import ExpectationCancelledError
+
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme")
+    tw._started = True
+
+    async def sent(*_: object) -> None:
+        return None
+
+    tw._send_control = sent  # type: ignore[method-assign]
+    waiter = asyncio.create_task(tw.wait_for("c", timeout=30))
+    await asyncio.sleep(0)
+    await tw.cancel("c")
+    with pytest.raises(ExpectationCancelledError, match="'c' was cancelled"):
+        await waiter
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        await tw.wait_for("c", timeout=None)  # type: ignore[arg-type]
