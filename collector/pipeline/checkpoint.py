@@ -238,6 +238,20 @@ class Checkpoint:
                 if await self.store.register(exp):
                     self.engine.remember(exp)
                     work.add(exp.tenant, [exp.expectation_id], "expectation")
+                elif (known := await self.store.load_expectations(exp.tenant, [exp.expectation_id])).get(
+                    exp.expectation_id
+                ) not in (None, exp):
+                    # Not a replay of the record that registered it (that one is identical, its own
+                    # timestamp included): another expectation under a used id -- another
+                    # definition, or the same one sent again after a cancel. It would never be
+                    # scored; say so.
+                    pending = await self.store.undecided(exp.tenant, exp.expectation_id)
+                    raise ControlDecodeError(
+                        "expectation_id_reused",
+                        f"expectation {exp.expectation_id!r} of tenant {exp.tenant!r} is already registered "
+                        f"({'pending' if pending else 'cancelled or decided'}, created at "
+                        f"{known[exp.expectation_id].created_ms} ms); register a new one under a new id",
+                    )
                 elif await self.store.undecided(exp.tenant, exp.expectation_id):
                     # A replay after a crash between registering and deciding: nothing else may
                     # ever re-trigger it (its spans can be committed already), so decide it now.

@@ -71,6 +71,8 @@ class Plan:
 
     spans: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)  # partition -> [(label, value)]
     control: list[tuple[str, bytes]] = field(default_factory=list)  # [(label, value)], key = label
+    #: a control record keyed otherwise (as the client keys by expectation id: one partition, in order)
+    control_keys: dict[str, str] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)  # bad label -> expected DLQ reason
     expected: dict[str, str] = field(default_factory=dict)  # expectation id -> verdict
     good_labels: set[str] = field(default_factory=set)
@@ -111,7 +113,7 @@ async def produce_plan(producer: AIOKafkaProducer, cfg: ServiceConfig, plan: Pla
             md = await producer.send_and_wait(topics.spans, value=value, key=label.encode(), partition=partition)
             where[label] = (topics.spans, md.partition, md.offset)
     for label, value in plan.control:
-        md = await producer.send_and_wait(topics.control, value=value, key=label.encode())
+        md = await producer.send_and_wait(topics.control, value=value, key=plan.control_keys.get(label, label).encode())
         where[label] = (topics.control, md.partition, md.offset)
     return where
 
@@ -248,6 +250,10 @@ async def test_bad_span_and_control_records_go_to_the_dlq(kafka_bootstrap: str, 
     plan.reasons["mixed"] = "invalid_span"
     plan.control.append(("mixed-true", expectation_bytes("mixed-true", [mixed_trace], expects("search"))))
     plan.expected["mixed-true"] = "true"
+    # the same id again with another definition: never silently ignored
+    plan.control.append(("reused-id", expectation_bytes("mixed-true", [mixed_trace], expects("other_tool"))))
+    plan.control_keys["reused-id"] = "mixed-true"
+    plan.reasons["reused-id"] = "expectation_id_reused"
     # Bad control records among the good ones (the expectations and markers above).
     other = new_trace_id()
     plan.control.insert(1, ("control-garbage", b"\x00\xffgarbage"))
