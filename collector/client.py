@@ -584,10 +584,18 @@ class ToolwitnessClient:
         """Register an expectation on the control topic; return its id (uuid4 hex by default).
 
         Give either ``expectation`` or ``conditions`` (+ ``objective``); ``objective`` also
-        overrides the expectation's. The record is keyed by the expectation id.
+        overrides the expectation's. The record is keyed by the expectation id. To retry after a
+        ``TimeoutError`` (the record may still be delivered), pass the same ``expectation_id``:
+        the service takes an identical registration once (the timeout message names the id).
         """
         if expectation is not None and conditions is not None:
             raise ValueError("pass either `expectation` or `conditions`, not both")
+        if isinstance(scope, MessageScorable) and not scope.trace_ids:
+            # The service has no conversation memory: it judges the message's traces given here.
+            raise ValueError(
+                "a MessageScorable sent to the service needs its trace_ids (and response_text for text "
+                "scorers) inline: MessageScorable(message_id=..., trace_ids=(trace_id,), response_text=...)"
+            )
         if expectation is None:
             expectation = ScoringExpectation(conditions=tuple(conditions or ()), objective=objective)
         elif objective is not None:
@@ -602,7 +610,10 @@ class ToolwitnessClient:
             deadline=deadline,
             labels=labels,
         )
-        await self._send_control(eid, control_pb2.ControlMessage(expectation=msg))
+        try:
+            await self._send_control(eid, control_pb2.ControlMessage(expectation=msg))
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; expectation_id={eid!r}: retry with it, it is registered at most once") from None
         return eid
 
     async def mark_complete(self, trace_id: str, span_count: int | None = None, at: datetime | None = None) -> None:

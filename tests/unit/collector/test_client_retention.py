@@ -105,3 +105,12 @@ async def test_cancel_wakes_whoever_waits_for_it() -> None:
         await waiter
     with pytest.raises(ValueError, match="timeout must be a positive"):
         await tw.wait_for("c", timeout=None)  # type: ignore[arg-type]
+
+
+async def test_a_message_scope_without_its_traces_is_refused_before_sending() -> None:
+    from scoring.models import MessageScorable, ScoringExpectation, ToolCallRequirement, ToolsCalled
+
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme")
+    expectation = ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="t"),)),))
+    with pytest.raises(ValueError, match=r"needs its trace_ids .* inline"):
+        await tw.expect(MessageScorable(message_id="m-1"), expectation)
