@@ -86,6 +86,8 @@ class RedisConfig(_Section):
     #: long (late-span revisions); replay then uses the published observations.
     completed_ttl_seconds: int = Field(default=300, ge=1)
     socket_timeout_seconds: float = Field(default=5.0, gt=0)
+    #: PEM bundle to verify a rediss:// server with (empty: the system's trust store).
+    ssl_ca_file: str = ""
 
     @field_validator("url")
     @classmethod
@@ -96,6 +98,8 @@ class RedisConfig(_Section):
 
     @model_validator(mode="after")
     def _cluster_url(self) -> RedisConfig:
+        if self.ssl_ca_file and not self.url.startswith("rediss://"):
+            raise ValueError("redis.ssl_ca_file is set but redis.url is not rediss:// (TLS)")
         if self.cluster:
             if self.url.startswith("unix://"):
                 raise ValueError(

@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
@@ -61,12 +62,13 @@ def redis_client(cfg: RedisConfig, password: str | None) -> RedisClient:
     """The service's Redis client: one server, or a Redis Cluster (``redis.cluster``) discovered
     from the node ``url`` names."""
     t = cfg.socket_timeout_seconds
+    tls: dict[str, Any] = {"ssl_ca_certs": cfg.ssl_ca_file} if cfg.ssl_ca_file else {}
     if cfg.cluster:
         return RedisCluster.from_url(
-            cfg.url, password=password, decode_responses=False, socket_timeout=t, socket_connect_timeout=t
+            cfg.url, password=password, decode_responses=False, socket_timeout=t, socket_connect_timeout=t, **tls
         )
     return Redis.from_url(
-        cfg.url, password=password, decode_responses=False, socket_timeout=t, socket_connect_timeout=t
+        cfg.url, password=password, decode_responses=False, socket_timeout=t, socket_connect_timeout=t, **tls
     )
 
 

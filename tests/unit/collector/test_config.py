@@ -132,3 +132,18 @@ def test_env_errors_name_the_variable(caplog: pytest.LogCaptureFixture) -> None:
     assert cfg.kafka.group_id != "g"
     (record,) = caplog.records  # only the near miss; other TOOLWITNESS_* variables are not config
     assert "TOOLWITNESS_KAFKA__GROUP_ID" in record.getMessage()
+
+
+async def test_redis_tls_ca_reaches_the_client_and_needs_rediss(tmp_path: Path) -> None:
+    from collector.pipeline.service import redis_client
+
+    p = tmp_path / "c.yaml"
+    p.write_text("redis:\n  url: rediss://toolwitness@redis:6380/0\n  ssl_ca_file: /etc/ca.pem\n")
+    cfg = load_config(p, env={})
+    client = redis_client(cfg.redis, "pw")
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["ssl_ca_certs"], kwargs["username"], kwargs["password"]) == ("/etc/ca.pem", "toolwitness", "pw")
+    await client.aclose()
+    p.write_text("redis:\n  url: redis://redis:6379/0\n  ssl_ca_file: /etc/ca.pem\n")
+    with pytest.raises(ConfigError, match=r"ssl_ca_file is set but redis.url is not rediss"):
+        load_config(p, env={})

@@ -59,6 +59,7 @@ redis:
   state_ttl_seconds: 86400
   completed_ttl_seconds: 300
   socket_timeout_seconds: 5
+  ssl_ca_file: ""
 completion:
   mode: marker
   allowed_lateness_ms: 2000
@@ -526,7 +527,8 @@ def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, 
             ["config.kafka.security.protocol=SSL", "secrets.kafkaTls.existingSecret=t", "secrets.kafkaTls.certKey=c"],
             "certKey and secrets.kafkaTls.keyKey go together",
         ),
-        (["config.redis.url=redis://:hunter2@redis:6379/0"], "must not carry credentials"),
+        (["config.redis.url=redis://:hunter2@redis:6379/0"], "must not carry a password"),
+        (["secrets.redisTls.existingSecret=ca"], "is not rediss://"),
         (["config.redis.cluster=true", "config.redis.url=redis://redis:6379/3"], "database 0 only"),
         (["config.redis.cluster=true", "config.redis.url=unix:///run/redis.sock"], "database 0 only"),
         (["serviceMonitor.enabled=true", "networkPolicy.ingress.namespaces={monitoring}", "service.enabled=false"],
@@ -618,3 +620,18 @@ def test_numeric_quantities_ephemeral_storage_and_env_from_sources_are_accepted(
     (container,) = [c for c in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]]
     assert container["resources"]["limits"] == {"cpu": 2, "ephemeral-storage": "1Gi", "memory": "512Mi"}
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+
+
+def test_redis_acl_user_and_tls_ca(helm: Helm, tmp_path: Path) -> None:
+    docs = helm.render_docs(sets=["config.redis.url=rediss://toolwitness@redis:6380/0",
+                                  "secrets.redisTls.existingSecret=redis-ca", "secrets.redis.existingSecret=redis-pw"])
+    cfg = service_config(docs)
+    assert cfg["redis"]["url"] == "rediss://toolwitness@redis:6380/0"  # a user name is not a secret
+    assert cfg["redis"]["ssl_ca_file"] == "/etc/toolwitness/redis-tls/ca.crt"
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["redis-tls"]["secret"]["secretName"] == "redis-ca"
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert "/etc/toolwitness/redis-tls" in mounts
+    path = tmp_path / "config.yaml"
+    path.write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
+    assert load_config(path, env={}).redis.ssl_ca_file == "/etc/toolwitness/redis-tls/ca.crt"

@@ -276,7 +276,21 @@ CA-only one), its listener certificate. */}}
       {{- end }}
 {{- end }}
 {{- end }}
+{{- with .Values.secrets.redisTls }}
+{{- if .existingSecret }}
+- name: redis-tls
+  secret:
+    secretName: {{ .existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .caKey }}
+        path: ca.crt
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Where the Redis CA bundle is mounted (secrets.redisTls). */}}
+{{- define "toolwitness.redisTlsDir" -}}/etc/toolwitness/redis-tls{{- end }}
 
 {{- define "toolwitness.volumeMounts" -}}
 # A single file, so that the Kafka TLS directory can sit beside it under
@@ -291,6 +305,11 @@ CA-only one), its listener certificate. */}}
 {{- if .Values.secrets.kafkaTls.existingSecret }}
 - name: kafka-tls
   mountPath: {{ include "toolwitness.kafkaTlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- if .Values.secrets.redisTls.existingSecret }}
+- name: redis-tls
+  mountPath: {{ include "toolwitness.redisTlsDir" . }}
   readOnly: true
 {{- end }}
 {{- end }}
@@ -400,8 +419,11 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- if and $v.config.redis.cluster (not (regexMatch "^rediss?://[^/]+(/0?)?$" $v.config.redis.url)) }}
 {{- fail "config.redis.cluster: a Redis Cluster is reached over redis:// or rediss:// (database 0 only), e.g. redis://redis-cluster:6379" }}
 {{- end }}
-{{- if regexMatch "^rediss?://[^/@]*@" $v.config.redis.url }}
-{{- fail "config.redis.url must not carry credentials: put the password in a Secret and set secrets.redis.existingSecret" }}
+{{- if regexMatch "^rediss?://[^/@]*:[^/@]*@" $v.config.redis.url }}
+{{- fail "config.redis.url must not carry a password (a user name is fine: redis://user@host): put the password in a Secret and set secrets.redis.existingSecret" }}
+{{- end }}
+{{- if and $v.secrets.redisTls.existingSecret (not (hasPrefix "rediss://" $v.config.redis.url)) }}
+{{- fail "secrets.redisTls.existingSecret is set but config.redis.url is not rediss:// (TLS)" }}
 {{- end }}
 {{- if and $v.serviceMonitor.enabled $v.networkPolicy.enabled (not $v.networkPolicy.ingress.namespaces) }}
 {{- fail "serviceMonitor.enabled with networkPolicy.enabled needs networkPolicy.ingress.namespaces (e.g. [monitoring]): with none the NetworkPolicy blocks every scrape" }}
