@@ -41,6 +41,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from collector.config import KafkaConfig, KafkaSecurityConfig, TopicsConfig
+from collector.exporters.partition import KeyPartitioner
 from collector.wire.convert import (
     TENANT,
     decode_observation,
@@ -83,6 +84,8 @@ log = logging.getLogger(__name__)
 Scope = TraceScorable | SessionScorable | MessageScorable
 DEFAULT_DEADLINE = timedelta(minutes=5)
 DEFAULT_PARTITIONS = 4
+#: observations a client keeps after reading them (``get_observation``)
+OBSERVATION_CACHE = 10_000
 #: Kafka error code for a topic the broker does not know.
 _UNKNOWN_TOPIC = 3
 #: Kafka error code for "topic already exists" (another client won the creation race).
@@ -182,6 +185,14 @@ async def _warn_unless_compacted(admin: Any, topic: str) -> None:
             "observations topic %s has cleanup.policy=%s, not compact: observations will expire with retention",
             topic, policy,
         )
+
+
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    """The partition ids of ``topic`` from fresh metadata (empty if unknown). A consumer that
+    subscribes to nothing has no metadata of its own: ``consumer.topics()`` fetches it without
+    keeping it, so ``partitions_for_topic`` stays None."""
+    cluster = await consumer._client.fetch_all_metadata()
+    return set(cluster.partitions_for_topic(topic) or ())
 
 
 async def ensure_topics(
@@ -416,6 +427,8 @@ class ToolwitnessClient:
         self._started = False
         self._start_lock = asyncio.Lock()
 
+        #: observations already read and verified, by id (most recent last)
+        self._observations: OrderedDict[str, Observation] = OrderedDict()
         #: (tenant, expectation id) -> events: two tenants may use the same expectation id
         self._events: dict[tuple[str, str], list[score_pb2.ScoreEvent]] = {}
         #: score_id -> event, in arrival order (also the de-duplication set)
@@ -862,9 +875,12 @@ class ToolwitnessClient:
         """
         if not observation_id:
             raise ValueError("observation_id must not be empty")
+        cached = self._observations.get(observation_id)
+        if cached is not None:  # content-addressed, immutable: a verified copy stays right
+            self._observations.move_to_end(observation_id)
+            return cached
         key = observation_id.encode("utf-8")
         consumer = AIOKafkaConsumer(
-            self.topics.observations,
             bootstrap_servers=self.bootstrap_servers,
             client_id=f"{self._client_id}-observations",
             group_id=None,
@@ -877,6 +893,15 @@ class ToolwitnessClient:
         try:
             async with asyncio.timeout(timeout):
                 await consumer.start()
+                # The service keys observations by id with Kafka's default partitioner: only that
+                # partition can hold it (a topic whose partition count changed since: every one).
+                parts = sorted(await topic_partitions(consumer, self.topics.observations))
+                while not parts:
+                    await asyncio.sleep(0.1)  # metadata of a topic created a moment ago
+                    parts = sorted(await topic_partitions(consumer, self.topics.observations))
+                home = KeyPartitioner()(key, parts, parts)
+                consumer.assign([TopicPartition(self.topics.observations, home)])
+                await consumer.seek_to_beginning()
                 while value is None:
                     batch = await consumer.getmany(timeout_ms=200)
                     for records in batch.values():
@@ -900,4 +925,8 @@ class ToolwitnessClient:
             raise ValueError(
                 f"record keyed {observation_id!r} carries observation_id {proto.observation_id!r}"
             )
-        return observation_from_proto(proto)
+        found = observation_from_proto(proto)
+        self._observations[observation_id] = found
+        while len(self._observations) > OBSERVATION_CACHE:
+            self._observations.popitem(last=False)
+        return found

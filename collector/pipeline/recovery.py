@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
+from collector.client import topic_partitions
 from collector.config import ServiceConfig
 from collector.exporters.kafka import kafka_security_kwargs
 from collector.processors.trace_state import TraceStateStore
@@ -142,8 +143,7 @@ class Recovery:
         await asyncio.wait_for(consumer.start(), timeout=timeout_s)
         restored = 0
         try:
-            await consumer.topics()  # refresh metadata: this consumer subscribes to nothing
-            parts = consumer.partitions_for_topic(k.topics.scores) or set()
+            parts = await topic_partitions(consumer, k.topics.scores)
             tps = [TopicPartition(k.topics.scores, p) for p in sorted(parts)]
             if not tps:
                 return 0

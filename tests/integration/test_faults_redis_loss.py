@@ -44,3 +44,21 @@ async def test_data_loss_never_turns_into_false(kafka_bootstrap: str, redis_url:
         assert verdict(await tw.wait_for(fresh, timeout=30)) == "false"
         assert service.recovery.lost_at_ms > 0
     agent.close()
+
+
+async def test_recovery_reads_the_published_decisions_back(kafka_bootstrap: str, redis_url: str) -> None:
+    # The decision records are rebuilt from the scores topic after a loss; the reader must see the
+    # topic's partitions (a consumer that subscribes to nothing has no metadata of its own).
+    cfg = make_config(kafka_bootstrap, redis_url)
+    agent = make_agent(cfg)
+    async with running_service(cfg) as service, control_client(cfg) as tw:
+        ids = [await tw.expect(TraceScorable(trace_ids=(agent.trace("search"),)), expects("search")) for _ in range(3)]
+        for i in ids:
+            assert verdict(await tw.wait_for(i, timeout=30)) == "true"
+        for i in ids:
+            await service.redis.delete(service.store.k.decision("default", i))
+        assert await service.recovery.restore_decisions() >= 3
+        for i in ids:
+            d = await service.store.get_decision("default", i)
+            assert d is not None and d.published and d.version == 1
+    agent.close()
