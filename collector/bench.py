@@ -66,7 +66,7 @@ from collector.benches.common import (
     task,
 )
 from collector.benches.instances import run_instances
-from collector.client import build_expectation
+from collector.client import build_expectation, topic_partitions
 from collector.client import ensure_topics as create_topics
 from collector.config import KafkaConfig, ServiceConfig, TopicsConfig, load_config
 from collector.exporters.kafka import kafka_security_kwargs
@@ -470,10 +470,9 @@ async def _committed_all(cfg: ServiceConfig, topic: str) -> bool:
     await asyncio.wait_for(admin.start(), timeout=30)
     await asyncio.wait_for(consumer.start(), timeout=30)
     try:
-        parts = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or set())]
-        if not parts:
-            await consumer.topics()
-            parts = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or set())]
+        parts = [TopicPartition(topic, p) for p in sorted(await topic_partitions(consumer, topic))]
+        if not parts:  # never "all committed" over no partitions
+            return False
         ends = await consumer.end_offsets(parts)
         committed = await admin.list_consumer_group_offsets(k.group_id, partitions=parts)
         return all(committed.get(tp) is not None and committed[tp].offset == ends[tp] for tp in parts)
