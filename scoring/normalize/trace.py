@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from scoring.models.evidence import (
     AWAITING_COMPLETION,
+    CONFLICTING_EVIDENCE,
     LATE_SPAN,
     ORPHAN_PARENT,
     CompletionSource,
@@ -36,8 +37,14 @@ class TraceAssembly:
     completion_source: CompletionSource = CompletionSource.CALLER
 
     def add(self, span: NeutralSpan) -> bool:
-        """Add a span; return False if it was already seen (a replay)."""
+        """Add a span; return False if it was already seen (a replay).
+
+        A repeated span id with other tool evidence (another tool, other arguments or status, a
+        tool where there was none) is a conflict, not a replay: whichever came first must not win
+        silently (the trace gets ``conflicting_evidence``)."""
         if span.span_id in self.span_ids:
+            if self.executions.get(span.span_id) != normalize_span(span).execution:
+                self.sticky_reasons.add(CONFLICTING_EVIDENCE)
             return False
         if self.complete_claimed and self._count_satisfied():
             # A span after the scope was declared complete breaks the claim for good.

@@ -80,7 +80,10 @@ class OtelToolCallScorer(TrueFalseScorer):
             return None
         if isinstance(scorable, MessageScorable):
             ids = resolve_message_traces(context.memory, scorable)
-            linked = scorable.model_copy(update={"trace_ids": ids})
+            # The evidence snapshot carries the response text too: replaying it must give a text
+            # scorer in the same tree the text it judged live (replay has no memory).
+            text = resolve_message_text(context.memory, scorable)
+            linked = scorable.model_copy(update={"trace_ids": ids, "response_text": text})
             observation = await self._source.acquire(linked, ids)
         else:
             observation = await self._source.acquire(scorable)

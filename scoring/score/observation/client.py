@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from scoring.models.evidence import RETENTION_EXPIRED, CompletionSource, Coverage
+from scoring.models.evidence import LATE_SPAN, RETENTION_EXPIRED, CompletionSource, Coverage
 from scoring.normalize.spans import NeutralSpan
 from scoring.normalize.trace import TraceAssembly
 
@@ -49,6 +49,7 @@ class InMemoryTraceClient:
         self._extra_reasons: dict[str, set[str]] = {}
         self._sessions: dict[str, set[str]] = {}
         self._complete_sessions: set[str] = set()
+        self._late_sessions: set[str] = set()
         self._closed = False
 
     def _check_open(self) -> None:
@@ -64,7 +65,11 @@ class InMemoryTraceClient:
                     self._spans.setdefault(span.trace_id, {})[span.span_id] = span
                     sid = span.session_id()
                     if sid:
-                        self._sessions.setdefault(sid, set()).add(span.trace_id)
+                        traces = self._sessions.setdefault(sid, set())
+                        if span.trace_id not in traces and sid in self._complete_sessions:
+                            # a trace joins a session declared complete: that claim is broken
+                            self._late_sessions.add(sid)
+                        traces.add(span.trace_id)
 
     def add_trace_reason(self, trace_id: str, reason: str) -> None:
         """Record a coverage reason for a trace that no span carries (e.g. rejected export)."""
@@ -120,6 +125,13 @@ class InMemoryTraceClient:
         with self._lock:
             self._check_open()
             results = [self._result(t) for t in sorted(self._sessions.get(session_id, ()))]
+            if session_id in self._late_sessions:
+                results = [
+                    TraceQueryResult(
+                        r.trace_id, r.available, r.spans, Coverage.incomplete(*r.coverage.reasons, LATE_SPAN)
+                    )
+                    for r in results
+                ]
             if session_id not in self._complete_sessions:
                 # Each trace may be complete, but more traces of the session may still come.
                 results = [
