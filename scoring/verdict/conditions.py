@@ -9,7 +9,9 @@ The rules every judge here keeps (DESIGN §1):
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -175,15 +177,42 @@ def _is_subsequence(needle: Sequence[str], haystack: Sequence[str]) -> bool:
     return all(any(x == y for y in it) for x in needle)
 
 
+#: orderings of tied executions tried before an order-dependent verdict gives up (UNDETERMINED)
+MAX_TIE_ORDERINGS = 720
+
+
+def _orderings(executions: Sequence[ToolExecution]) -> list[list[str]] | None:
+    """Every order of tool names the start times allow: executions that started at the same time
+    may have run in any order among themselves. None when an order cannot be known (a start time
+    of 0, i.e. not recorded) or there are too many orderings to try."""
+    groups: list[list[str]] = []
+    last: int | None = None
+    for e in executions:  # sorted by start time
+        if e.start_time_unix_nano <= 0:
+            return None
+        if e.start_time_unix_nano == last:
+            groups[-1].append(e.name)
+        else:
+            groups.append([e.name])
+            last = e.start_time_unix_nano
+    count = 1
+    for g in groups:
+        distinct = math.factorial(len(g))  # orders of a group, names that repeat counted once
+        for k in Counter(g).values():
+            distinct //= math.factorial(k)
+        count *= distinct
+        if count > MAX_TIE_ORDERINGS:
+            return None
+    out: list[list[str]] = [[]]
+    for g in groups:
+        perms = sorted(set(itertools.permutations(g))) if len(g) > 1 else [tuple(g)]
+        out = [prefix + list(p) for prefix in out for p in perms]
+    return out
+
+
 def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
     seen = [e.name for e in ev.executions]
     want = list(c.tools)
-    if c.mode == "subsequence":
-        if _is_subsequence(want, seen):
-            return Judgment(T, f"{want} ran in order")
-        if ev.complete:
-            return Judgment(F, f"{want} did not run in order (saw {seen})")
-        return Judgment(U, f"{want} not yet seen in order: {_why_open(ev)}")
     if c.mode == "any_order":
         missing = Counter(want) - Counter(seen)
         if not missing:
@@ -191,11 +220,36 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
         if ev.complete:
             return Judgment(F, f"missing {sorted(missing.elements())}")
         return Judgment(U, f"missing {sorted(missing.elements())} so far: {_why_open(ev)}")
+    orders = _orderings(ev.executions)
+    if orders is None:
+        # The order is unknown: only what the counts alone decide.
+        missing = Counter(want) - Counter(seen)
+        if c.mode == "exact" and Counter(seen) - Counter(want):
+            return Judgment(F, f"executions {seen} cannot become exactly {want}")
+        if missing and ev.complete:
+            return Judgment(F, f"missing {sorted(missing.elements())}")
+        return Judgment(U, f"the order of {seen} is not known (a start time is missing or too many ties)")
+    tie = "" if len(orders) == 1 else f" (start-time ties: {len(orders)} possible orders)"
+    if c.mode == "subsequence":
+        hits = [_is_subsequence(want, o) for o in orders]
+        if all(hits):
+            return Judgment(T, f"{want} ran in order{tie}")
+        if any(hits):
+            return Judgment(U, f"{want} ran in order in some of the orders the start times allow{tie}")
+        if ev.complete:
+            return Judgment(F, f"{want} did not run in order (saw {seen}){tie}")
+        return Judgment(U, f"{want} not yet seen in order: {_why_open(ev)}")
     # exact: the final sequence contains today's as a subsequence, so a mismatch here is final.
-    if not _is_subsequence(seen, want):
-        return Judgment(F, f"executions {seen} cannot become exactly {want}")
+    possible = [o for o in orders if _is_subsequence(o, want)]
+    if not possible:
+        return Judgment(F, f"executions {seen} cannot become exactly {want}{tie}")
     if ev.complete:
-        return Judgment(Verdict.of(seen == want), f"executions {seen} vs exactly {want}")
+        equal = [o == want for o in orders]
+        if all(equal):
+            return Judgment(T, f"executions {seen} vs exactly {want}")
+        if not any(equal):
+            return Judgment(F, f"executions {seen} vs exactly {want}{tie}")
+        return Judgment(U, f"executions {seen} are exactly {want} in some of the orders the start times allow{tie}")
     return Judgment(U, f"executions {seen} so far: {_why_open(ev)}")
 
 

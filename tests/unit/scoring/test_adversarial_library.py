@@ -76,3 +76,40 @@ async def test_replaying_a_message_composite_gives_the_live_verdict() -> None:
     client.close()
     (replayed,) = await composite.score_observation_async(observation, expects("my_tool_call"))
     assert replayed.verdict is F  # it was TRUE ("AND of 1": the text scorer dropped out)
+
+
+def _seq_observation(*spans: tuple[str, int]) -> object:
+    from scoring.models import Observation, ToolExecution
+    from scoring.models.evidence import Acquisition, CompletionSource, Coverage
+
+    execs = tuple(ToolExecution(name=n, trace_id=TRACE_A, span_id=f"{i + 1:016x}", status="ok",
+                                start_time_unix_nano=start, end_time_unix_nano=start + 5 if start else 0)
+                  for i, (n, start) in enumerate(spans))
+    return Observation(scorable=TraceScorable(trace_ids=(TRACE_A,)), tool_executions=execs,
+                       coverage=Coverage.completed(CompletionSource.CALLER), acquisition=Acquisition.COMPLETE)
+
+
+@pytest.mark.parametrize(
+    ("spans", "tools", "mode", "want"),
+    [
+        ((("a", 10), ("b", 20)), ("a", "b"), "subsequence", T),
+        ((("a", 10), ("b", 20)), ("b", "a"), "subsequence", F),
+        ((("a", 10), ("b", 10)), ("a", "b"), "subsequence", U),  # a tie: either order possible
+        ((("a", 10), ("b", 10)), ("b", "a"), "subsequence", U),  # (span ids used to decide it)
+        ((("a", 10), ("b", 10), ("c", 20)), ("a", "c"), "subsequence", T),  # true in every order
+        ((("a", 10), ("b", 10)), ("a", "b"), "exact", U),
+        ((("a", 10), ("b", 10)), ("a", "c"), "exact", F),  # no order makes it
+        ((("a", 0), ("b", 20)), ("b", "a"), "subsequence", U),  # a start time not recorded
+        ((("a", 0), ("b", 20)), ("c",), "subsequence", F),  # ... but c never ran at all
+        ((("a", 0), ("a", 20)), ("a",), "exact", F),  # one a too many, whatever the order
+    ],
+)
+async def test_sequences_over_ties_and_unknown_start_times(
+    spans: tuple[tuple[str, int], ...], tools: tuple[str, ...], mode: str, want: object
+) -> None:
+    from scoring.models import ScoringExpectation, ToolSequence
+
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=InMemoryTraceClient()))
+    expectation = ScoringExpectation(conditions=(ToolSequence(tools=tools, mode=mode),))  # type: ignore[arg-type]
+    (score,) = await scorer.score_observation_async(_seq_observation(*spans), expectation)  # type: ignore[arg-type]
+    assert score.verdict is want, score.rationale
