@@ -169,9 +169,13 @@ class Checkpoint:
             work.add(tenant, ids, "span")
         for (tenant, _session), ids in revisions.items():
             work.revisions.update((tenant, d) for d in ids)
+        # a trace that turned late breaks its sessions' completeness too
+        late = [(tenant, s) for (tenant, _t), r in applied.items() for s in r.late_sessions]
+        for (tenant, _session), ids in (await self.store.revise_sessions(late)).items():
+            work.revisions.update((tenant, d) for d in ids)
         # Span batches never carry authority: only control records register or complete.
         for rec, msg in controls:
-            await self._control(rec, msg, work, waits, dead)
+            await self._control(rec, msg, work, waits, dead, watermark)
         await self.store.await_watermark(waits)
 
         # 2. decide (compare-and-set) + 3. produce + 4. mark published, one slice of outcomes at a
@@ -208,6 +212,7 @@ class Checkpoint:
         work: Work,
         waits: list[tuple[str, str, int]],
         dead: list[DeadLetter],
+        watermark: int = 0,
     ) -> None:
         kind = msg.WhichOneof("message")
         default_tenant = self.cfg.tenant.default
@@ -263,10 +268,17 @@ class Checkpoint:
                 at = int(m.at.ToMilliseconds()) if m.HasField("at") else now_ms()
                 count = m.span_count if m.HasField("span_count") else None
                 if m.WhichOneof("target") == "trace_id":
-                    pend, dec, state = await self.store.mark_complete(tenant, m.trace_id, count, at)
+                    pend, dec, state, sessions, late_sessions = await self.store.mark_complete(
+                        tenant, m.trace_id, count, at, watermark
+                    )
                     work.states[(tenant, m.trace_id)] = state
                     work.add(tenant, pend, "marker")
                     work.revisions.update((tenant, d) for d in dec)
+                    # the sessions it belongs to may be decidable now (their marker came first)
+                    for session in sessions:
+                        work.add(tenant, await self.store.session_pending(tenant, session), "marker")
+                    for (t, _s), ids in (await self.store.revise_sessions((tenant, x) for x in late_sessions)).items():
+                        work.revisions.update((t, d) for d in ids)
                     if count is None:
                         waits.append((tenant, m.trace_id, at + self.cfg.completion.allowed_lateness_ms))
                     elif not pend and state.span_count == count and not state.late:

@@ -160,6 +160,8 @@ class ApplyResult:
     decided: list[str]
     new_sessions: list[str]
     state: TraceState | None
+    #: the trace's sessions when it turned late: their decided expectations are revised too
+    late_sessions: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +298,7 @@ class TraceStateStore:
             decided=list(d["dec"] or []),
             new_sessions=list(d["sess"] or []),
             state=TraceState.from_json(r[1]) if r[1] else None,
+            late_sessions=list(d.get("ls") or []),
         )
 
     async def index_sessions(
@@ -330,15 +333,44 @@ class TraceStateStore:
         return pending, revisions
 
     async def mark_complete(
-        self, tenant: str, trace_id: str, span_count: int | None, at_ms: int
-    ) -> tuple[list[str], list[str], TraceState]:
+        self, tenant: str, trace_id: str, span_count: int | None, at_ms: int, watermark_ms: int = 0
+    ) -> tuple[list[str], list[str], TraceState, list[str], list[str]]:
+        """Record a trace's completion marker. Returns (pending ids, decided ids to revise, state,
+        the trace's sessions, its sessions to revise)."""
         assert self._mark is not None
+        c = self.cfg.completion
         raw = await self._mark(
             keys=[self.k.state(tenant, trace_id)],
-            args=[self.ttl_ms, -1 if span_count is None else span_count, at_ms],
+            args=[
+                self.ttl_ms,
+                -1 if span_count is None else span_count,
+                at_ms,
+                watermark_ms,
+                c.allowed_lateness_ms,
+                "1" if c.mode == "inferred" else "0",
+            ],
         )
         d = json.loads(raw)
-        return list(d["pend"] or []), list(d["dec"] or []), TraceState.from_json(d["state"])
+        return (
+            list(d["pend"] or []),
+            list(d["dec"] or []),
+            TraceState.from_json(d["state"]),
+            list(d.get("sess") or []),
+            list(d.get("ls") or []),
+        )
+
+    async def revise_sessions(self, items: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+        """Sessions whose completeness a late trace broke: flag them late and return their decided
+        expectation ids (to revise)."""
+        items = sorted(set(items))
+        if not items:
+            return {}
+        cmds = Commands()
+        for tenant, session in items:
+            cmds.add("SET", self.k.session_late(tenant, session), 1, "PX", self.ttl_ms)
+            cmds.add("SMEMBERS", self.k.session_decided(tenant, session))
+        raw = await self._execute(cmds)
+        return {key: sorted(_s(x) for x in raw[2 * i + 1]) for i, key in enumerate(items)}
 
     async def register(self, exp: RegisteredExpectation) -> bool:
         """Store an expectation and index it under its traces/session. False if already known."""
@@ -374,7 +406,8 @@ class TraceStateStore:
     async def mark_session_complete(self, tenant: str, session_id: str, at_ms: int) -> list[str]:
         """Record a session completion marker; return the session's pending expectation ids."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(self.k.session_complete(tenant, session_id), at_ms, px=self.ttl_ms)
+            # the first claim holds (a re-sent marker must not move completion later)
+            pipe.set(self.k.session_complete(tenant, session_id), at_ms, px=self.ttl_ms, nx=True)
             pipe.smembers(self.k.session_pending(tenant, session_id))
             raw = await pipe.execute()
         return sorted(_s(x) for x in raw[1])

@@ -178,3 +178,94 @@ async def test_a_trace_joining_a_completed_session_revises_its_false(kafka_boots
         assert await _events(tw, ident, 2) == ["false", "true"]  # the claim was broken: revised
         (revised,) = [e for e in tw.events(ident) if e.version == 2]
         assert revised.trigger == "revision" and "late_span_after_completion" in revised.coverage.reasons
+
+
+async def test_claims_broken_later_all_revise_the_false(kafka_bootstrap: str, redis_url: str) -> None:
+    """Round 2: a count marker contradicting a count-less completion; a span the limit drops after
+    completion; a late span inside a trace of a completed session; a re-sent session marker then
+    a joining trace. Each FALSE decided on the earlier claim gets version 2."""
+    from scoring.models import SessionScorable
+
+    cfg = make_config(kafka_bootstrap, redis_url, limits={"max_spans_per_trace": 3})
+    t0 = int(time.time() * 1000) - 5_000
+    async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+        spans = cfg.kafka.topics.spans
+
+        async def trace_of(tool: str = "search", session: str | None = None) -> tuple[str, bytes]:
+            trace, root = new_trace_id(), new_span_id()
+            attrs = {"gen_ai.conversation.id": session} if session else None
+            await _send(spans, producer, trace,
+                        otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50, attrs=attrs),
+                        otlp_span(trace, parent=root, tool=tool, start_ms=t0 + 1, end_ms=t0 + 2, attrs=attrs))
+            return trace, root
+
+        async def late_span(trace: str, root: bytes, tool: str = "delete", session: str | None = None) -> None:
+            attrs = {"gen_ai.conversation.id": session} if session else None
+            await _send(spans, producer, trace,
+                        otlp_span(trace, parent=root, tool=tool, start_ms=t0 + 3, end_ms=t0 + 4, attrs=attrs))
+
+        # 1. count-less marker (complete once the watermark passes it), then a count that disagrees
+        countless, _ = await trace_of()
+        e1 = await tw.expect(TraceScorable(trace_ids=(countless,)), expects("delete"))
+        await tw.mark_complete(countless)
+        assert verdict(await tw.wait_for(e1, timeout=30)) == "false"
+        await tw.mark_complete(countless, span_count=3)
+        # 2. complete by count, then a span beyond max_spans_per_trace: dropped, but late
+        full, root_full = await trace_of()
+        e2 = await tw.expect(TraceScorable(trace_ids=(full,)), expects("delete"))
+        await late_span(full, root_full, tool="lookup")  # 3 spans: the limit
+        await tw.mark_complete(full, span_count=3)
+        assert verdict(await tw.wait_for(e2, timeout=30)) == "false"
+        await late_span(full, root_full)  # the 4th span: over the limit
+        # 3. a session complete with its one trace; then a late span inside that trace
+        s3 = f"s-{new_trace_id()[:8]}"
+        t3, root3 = await trace_of(session=s3)
+        e3 = await tw.expect(SessionScorable(session_id=s3), expects("delete"))
+        await tw.mark_complete(t3, span_count=2)
+        await tw.mark_session_complete(s3)
+        assert verdict(await tw.wait_for(e3, timeout=30)) == "false"
+        await late_span(t3, root3, session=s3)
+        # 4. a session decided FALSE, its marker re-sent, then a trace joins it
+        s4 = f"s-{new_trace_id()[:8]}"
+        t4, _ = await trace_of(session=s4)
+        e4 = await tw.expect(SessionScorable(session_id=s4), expects("delete"))
+        await tw.mark_complete(t4, span_count=2)
+        await tw.mark_session_complete(s4)
+        assert verdict(await tw.wait_for(e4, timeout=30)) == "false"
+        await tw.mark_session_complete(s4)  # re-sent: the first claim holds
+        await trace_of(tool="delete", session=s4)
+
+        assert await _events(tw, e1, 2) == ["false", "undetermined"]
+        assert await _events(tw, e2, 2) == ["false", "undetermined"]
+        assert await _events(tw, e3, 2) == ["false", "true"]
+        assert await _events(tw, e4, 2) == ["false", "true"]
+
+
+async def test_a_session_whose_marker_came_first_is_decided_at_its_last_trace_marker(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    from scoring.models import SessionScorable
+
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000) - 5_000
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+        session, trace = f"s-{new_trace_id()[:8]}", new_trace_id()
+        await _send(cfg.kafka.topics.spans, producer, trace, *_session_trace(trace, session, "search", t0))
+        ident = await tw.expect(SessionScorable(session_id=session), expects("delete"),
+                                deadline=timedelta(seconds=45))
+        await tw.mark_session_complete(session)
+        # the watermark passes the session marker; the trace still has no marker: nothing yet
+        from tests.integration.harness import until
+
+        marker_at = int(time.time() * 1000)
+        await until(lambda: service.watermarks.global_watermark(), timeout=30)
+
+        async def past() -> bool:
+            return await service.watermarks.global_watermark() >= marker_at + cfg.completion.allowed_lateness_ms
+
+        await until(past, timeout=30)
+        await service.sweep()
+        assert tw.events(ident) == []
+        await tw.mark_complete(trace, span_count=2)
+        ev = await tw.wait_for(ident, timeout=15)  # at the trace's marker, not at the 45 s deadline
+        assert verdict(ev) == "false" and ev.trigger != "deadline"

@@ -65,6 +65,8 @@ for _, f in ipairs(facts) do
     if st.n >= max_spans then
       if not st.r['limit_exceeded'] then flagged = true end
       st.r['limit_exceeded'] = 1
+      -- a span after completion, even one the limit drops, breaks the claim
+      if was_complete then st.l = 1 end
       dropped_spans = dropped_spans + 1
     else
       if was_complete then st.l = 1 end
@@ -96,13 +98,17 @@ local encoded = dump_state(st)
 if not raw then
   redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
 elseif added > 0 or flagged then
-  redis.call('SET', KEYS[1], encoded, 'KEEPTTL')
+  -- An active trace keeps its evidence for state_ttl after its LAST change, not its first: a
+  -- long trace must not lose its early spans mid-way (a later span would start it afresh).
+  redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
 end
 local pend = keys_of(st.pe)
 local dec = {}
-if st.l == 1 then dec = keys_of(st.de) end
+-- late: the trace's decided expectations are revised, and so are its sessions' (``ls``)
+local late_sessions = {}
+if st.l == 1 then dec = keys_of(st.de); late_sessions = keys_of(st.ss) end
 local out_state = ''
 if #pend > 0 or #dec > 0 then out_state = encoded end
 -- The state goes back as its own reply element: not re-encoded (escaped) inside the summary.
 return {cjson.encode({new = added, ds = dropped_spans, dx = dropped_execs, n = st.n, late = st.l,
-  root_end = root_end, pend = pend, dec = dec, sess = new_sessions}), out_state}
+  root_end = root_end, pend = pend, dec = dec, sess = new_sessions, ls = late_sessions}), out_state}

@@ -1,7 +1,8 @@
 -- Record a completion marker on one trace's state.
 -- KEYS[1] state (holds the pending `pe` and decided `de` expectation ids)
 -- ARGV[1] ttl ms  ARGV[2] span count (-1 = unknown)  ARGV[3] marker event time ms
--- Returns JSON {pend=[...], dec=[...], state=<json>}
+-- ARGV[4] global watermark ms  ARGV[5] allowed lateness ms  ARGV[6] inferred completion (1/0)
+-- Returns JSON {pend=[...], dec=[...], sess=[the trace's sessions], ls=[its sessions, if late], state=<json>}
 local raw = redis.call('GET', KEYS[1])
 local st
 if raw then
@@ -10,10 +11,23 @@ else
   st = new_state()
 end
 local count = tonumber(ARGV[2])
+local wm = tonumber(ARGV[4])
+local lateness = tonumber(ARGV[5])
+local inferred = ARGV[6] == '1'
+-- Was the trace already complete by an earlier claim (a count, or the watermark past a
+-- count-less marker or, inferred, past the root's end)?
+local function complete_before()
+  if st.mc >= 0 then return st.n >= st.mc end
+  if st.ma >= 0 then return wm >= st.ma + lateness end
+  if inferred and st.re > 0 and next(st.p) == nil then return wm >= st.re + lateness end
+  return false
+end
 if count >= 0 then
   -- Two claims of completion that disagree: neither proves anything any more, and a verdict
   -- decided on the first one is revised (late = the claim was broken).
-  if st.mc >= 0 and st.mc ~= count then st.r['conflicting_completion'] = 1; st.l = 1 end
+  if (st.mc >= 0 and st.mc ~= count) or (st.mc < 0 and complete_before() and count ~= st.n) then
+    st.r['conflicting_completion'] = 1; st.l = 1
+  end
   st.mc = count
   if st.n > count then st.l = 1 end
 end
@@ -23,10 +37,11 @@ local at = tonumber(ARGV[3])
 if st.ma < 0 or at < st.ma then st.ma = at end
 local encoded = dump_state(st)
 if raw then
-  redis.call('SET', KEYS[1], encoded, 'KEEPTTL')
+  redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
 else
   redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
 end
 local dec = {}
-if st.l == 1 then dec = keys_of(st.de) end
-return cjson.encode({pend = keys_of(st.pe), dec = dec, state = encoded})
+local late_sessions = {}
+if st.l == 1 then dec = keys_of(st.de); late_sessions = keys_of(st.ss) end
+return cjson.encode({pend = keys_of(st.pe), dec = dec, sess = keys_of(st.ss), ls = late_sessions, state = encoded})
