@@ -44,14 +44,14 @@ _CAPTURE_STATES = {v: k for k, v in _CAPTURE_CODES.items()}
 def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> list[Any]:
     """A tool execution as the compact array the trace state keeps (memory per trace is bounded).
 
-    ``[span_id, name, failed 0/1, start ns (string: Lua numbers are doubles), duration µs
+    ``[span_id, name, failed 0/1 (2 = not known), start ns (string: Lua numbers are doubles), duration µs
     (-1 = not ended), capture code 0 captured / 1 absent / 2 truncated, arguments, call id,
     openinference 0/1]``; trailing defaults (empty call id, GenAI convention) are left off.
     """
     return pack_tool(
         short_id(e.span_id),
         e.name,
-        e.status == "error",
+        None if e.status == "unset" else e.status == "error",
         e.start_time_unix_nano,
         e.end_time_unix_nano,
         state,
@@ -64,7 +64,7 @@ def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> l
 def pack_tool(
     span_id: str,
     name: str,
-    failed: bool,
+    failed: bool | None,
     start_ns: int,
     end_ns: int,
     state: CaptureState,
@@ -77,7 +77,7 @@ def pack_tool(
     x: list[Any] = [
         span_id,
         name,
-        1 if failed else 0,
+        2 if failed is None else 1 if failed else 0,
         str(start_ns),
         dur if dur > -1 else -1,  # max(dur, -1) without a call
         _CAPTURE_CODES[state],
@@ -115,7 +115,7 @@ def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
         trace_id,
         long_id(span_id),
         call_id or None,
-        "error" if failed else "ok",
+        "error" if failed == 1 else "unset" if failed == 2 else "ok",
         begin,
         begin + micros * 1000 if micros >= 0 else 0,
         args if state is not CaptureState.ABSENT else None,

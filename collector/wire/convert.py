@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
@@ -309,13 +310,24 @@ def coverage_from_proto(c: common_pb2.Coverage) -> Coverage:
     return Coverage.incomplete(*c.reasons)
 
 
+_EXEC_STATUS = {
+    "ok": common_pb2.EXECUTION_STATUS_OK,
+    "error": common_pb2.EXECUTION_STATUS_ERROR,
+    "unset": common_pb2.EXECUTION_STATUS_UNSPECIFIED,  # not known (attributes were dropped)
+}
+_EXEC_STATUS_BACK: dict[int, Literal["ok", "error", "unset"]] = {
+    common_pb2.EXECUTION_STATUS_OK: "ok",
+    common_pb2.EXECUTION_STATUS_ERROR: "error",
+}
+
+
 def execution_to_proto(e: ToolExecution) -> common_pb2.ToolExecution:
     return common_pb2.ToolExecution(
         name=e.name,
         trace_id=e.trace_id,
         span_id=e.span_id,
         call_id=e.call_id or "",
-        status=common_pb2.EXECUTION_STATUS_ERROR if e.status == "error" else common_pb2.EXECUTION_STATUS_OK,
+        status=_EXEC_STATUS[e.status],
         start_time_unix_nano=e.start_time_unix_nano,
         end_time_unix_nano=e.end_time_unix_nano,
         arguments_json=e.arguments or "",
@@ -330,7 +342,7 @@ def execution_from_proto(p: common_pb2.ToolExecution) -> ToolExecution:
         trace_id=p.trace_id,
         span_id=p.span_id,
         call_id=p.call_id or None,
-        status="error" if p.status == common_pb2.EXECUTION_STATUS_ERROR else "ok",
+        status=_EXEC_STATUS_BACK.get(p.status, "unset"),
         start_time_unix_nano=p.start_time_unix_nano,
         end_time_unix_nano=p.end_time_unix_nano,
         arguments=p.arguments_json if p.arguments_state != common_pb2.CAPTURE_STATE_ABSENT else None,

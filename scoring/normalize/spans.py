@@ -139,7 +139,9 @@ class SpanRules(NamedTuple):
     result: str | None
     arguments_state: CaptureState
     convention: Literal["gen_ai", "openinference"]
-    failed: bool
+    #: True: the tool failed; False: it did not; None: not known (attributes were dropped, so an
+    #: ``error.type`` may be among them)
+    failed: bool | None
     #: coverage reasons, sorted, each once
     reasons: tuple[str, ...]
 
@@ -191,7 +193,7 @@ def span_rules(
         call_id = _first(attrs, OI_CALL_IDS)
         arguments = _first(attrs, OI_ARGUMENTS)
         result = _str(attrs.get(OI_RESULT))
-    failed = status_error or bool(attrs.get(ERROR_TYPE))
+    failed: bool | None = True if status_error or attrs.get(ERROR_TYPE) else (None if dropped else False)
     if arguments is None:
         arg_state = _ABSENT
     elif attrs.get(TRUNCATED_FLAG) is True or dropped or limited:
@@ -229,7 +231,7 @@ def normalize_span(span: NeutralSpan) -> SpanFacts:
         trace_id=span.trace_id,
         span_id=span.span_id,
         call_id=r.call_id,
-        status="error" if r.failed else "ok",
+        status="error" if r.failed else ("unset" if r.failed is None else "ok"),
         start_time_unix_nano=span.start_time_unix_nano,
         end_time_unix_nano=span.end_time_unix_nano or 0,
         arguments=r.arguments,

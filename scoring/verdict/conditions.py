@@ -137,6 +137,8 @@ def _execution_matches(req: ToolCallRequirement, e: ToolExecution) -> Verdict:
         status = T
     elif e.end_time_unix_nano == 0:
         status = U  # not ended: its status is not known yet
+    elif e.status == "unset":
+        status = U  # not known (e.g. its attributes were dropped, an error.type among them)
     else:
         status = Verdict.of(e.status == req.status)
     return all_of([status, *(match_arguments(m, e) for m in req.arguments)])

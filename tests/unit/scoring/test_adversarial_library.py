@@ -113,3 +113,45 @@ async def test_sequences_over_ties_and_unknown_start_times(
     expectation = ScoringExpectation(conditions=(ToolSequence(tools=tools, mode=mode),))  # type: ignore[arg-type]
     (score,) = await scorer.score_observation_async(_seq_observation(*spans), expectation)  # type: ignore[arg-type]
     assert score.verdict is want, score.rationale
+
+
+@pytest.mark.parametrize(
+    ("dropped", "error", "ok_req", "error_req"),
+    [
+        (0, False, T, F),  # all attributes kept, no error: ok
+        (1, False, U, U),  # attributes dropped: an error.type may be among them -> not known
+        (1, True, U, T),  # dropped, the status code says error (no ok one is provable either way)
+    ],
+)
+async def test_a_tool_status_is_unknown_when_attributes_were_dropped(
+    dropped: int, error: bool, ok_req: object, error_req: object
+) -> None:
+    from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled
+    from scoring.normalize import NeutralSpan
+
+    client = InMemoryTraceClient()
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=client))
+    span = NeutralSpan(trace_id=TRACE_A, span_id="0" * 15 + "2", name="execute_tool refund",
+                       start_time_unix_nano=10, end_time_unix_nano=20, status_code="error" if error else "unset",
+                       dropped_attributes_count=dropped,
+                       attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "refund"})
+    client.add_spans([span])
+    client.mark_complete(trace_ids=(TRACE_A,), span_count=1)
+    scope = TraceScorable(trace_ids=(TRACE_A,))
+    for status, want in (("ok", ok_req), ("error", error_req)):
+        exp = ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="refund", status=status),)),))
+        (score,) = await scorer.score_async(scope, exp)
+        assert score.verdict is want, (status, score.rationale)
+
+
+def test_an_unknown_status_survives_the_service_state_and_the_wire() -> None:
+    from collector.processors.normalize import pack_execution, unpack_execution
+    from collector.wire.convert import execution_from_proto, execution_to_proto
+    from scoring.models import CaptureState, ToolExecution
+
+    e = ToolExecution(name="refund", trace_id=TRACE_A, span_id="0" * 15 + "2", status="unset",
+                      start_time_unix_nano=10, end_time_unix_nano=20_000)
+    assert unpack_execution(pack_execution(e, None, CaptureState.ABSENT), TRACE_A).status == "unset"
+    assert execution_from_proto(execution_to_proto(e)).status == "unset"
+    for s in ("ok", "error"):
+        assert execution_from_proto(execution_to_proto(e.model_copy(update={"status": s}))).status == s
