@@ -107,7 +107,16 @@ def _parse_arguments(raw: str) -> Any:
 
 @lru_cache(maxsize=256)
 def _regex(pattern: str) -> re.Pattern[str]:
+    # A final ``$`` means the end of the value: Python's also matches before a trailing newline,
+    # so an allow-list ``^ls$`` would accept "ls\n".
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + "\\Z"
     return re.compile(pattern)
+
+
+def _regex_text(v: Any) -> str:
+    """What a regex reads of a non-string value: its JSON text, unicode as written, 5.0 as 5."""
+    return json.dumps(_integral(v), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
 def match_arguments(matcher: ArgumentMatcher, execution: ToolExecution) -> Verdict:
@@ -121,7 +130,7 @@ def match_arguments(matcher: ArgumentMatcher, execution: ToolExecution) -> Verdi
         return Verdict.of(any(_canon_eq(v) == want for v in values))
     if kind == "regex" and matcher.regex is not None:
         rx = _regex(matcher.regex)
-        return Verdict.of(any(rx.search(v if isinstance(v, str) else _canon(v)) for v in values))
+        return Verdict.of(any(rx.search(v if isinstance(v, str) else _regex_text(v)) for v in values))
     if kind == "one_of" and matcher.one_of is not None:
         allowed = {_canon_eq(x) for x in matcher.one_of}
         return Verdict.of(any(_canon_eq(v) in allowed for v in values))

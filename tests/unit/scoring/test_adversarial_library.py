@@ -155,3 +155,30 @@ def test_an_unknown_status_survives_the_service_state_and_the_wire() -> None:
     assert execution_from_proto(execution_to_proto(e)).status == "unset"
     for s in ("ok", "error"):
         assert execution_from_proto(execution_to_proto(e.model_copy(update={"status": s}))).status == s
+
+
+@pytest.mark.parametrize(
+    ("arguments", "path", "regex", "want"),
+    [
+        ('{"cmd": "ls"}', "$.cmd", "^ls$", T),
+        ('{"cmd": "ls\\n"}', "$.cmd", "^ls$", F),  # "$" is the end of the value, not before a newline
+        ('{"cmd": "ls$"}', "$.cmd", "^ls\\$", T),  # an escaped dollar stays a dollar
+        ('{"city": "Zürich"}', "$", "Zürich", T),  # a non-string value is read as written
+        ('{"n": 5.0}', "$.n", "^5$", T),  # as equals does: 5.0 is 5
+    ],
+)
+async def test_regex_matchers(arguments: str, path: str, regex: str, want: object) -> None:
+    from scoring.models import ArgumentMatcher, ScoringExpectation, ToolCallRequirement, ToolsCalled
+    from scoring.normalize import NeutralSpan
+
+    client = InMemoryTraceClient()
+    client.add_spans([NeutralSpan(trace_id=TRACE_A, span_id="0" * 15 + "2", name="t", start_time_unix_nano=10,
+                                  end_time_unix_nano=20, attributes={
+                                      "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "shell",
+                                      "gen_ai.tool.call.arguments": arguments})])
+    client.mark_complete(trace_ids=(TRACE_A,), span_count=1)
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=client))
+    req = ToolCallRequirement(name="shell", arguments=(ArgumentMatcher(path=path, regex=regex),))
+    (score,) = await scorer.score_async(TraceScorable(trace_ids=(TRACE_A,)),
+                                        ScoringExpectation(conditions=(ToolsCalled(tools=(req,)),)))
+    assert score.verdict is want, score.rationale
