@@ -188,6 +188,17 @@ class Checkpoint:
             await self.exporter.flush()
             await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
             res.published += len(published)
+        if self.engine.contradicted:
+            # A FALSE decided elsewhere (the sweeper, another instance) that this batch's evidence
+            # contradicts: revise it now (the revision path re-checks the stored verdict).
+            again = Work(revisions=set(self.engine.contradicted))
+            self.engine.contradicted.clear()
+            revised = await self.engine.evaluate(again, watermark)
+            if revised:
+                published = await self._decide_and_send(revised)
+                await self.exporter.flush()
+                await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
+                res.published += len(published)
         for d in dead:
             await self.exporter.send_dead_letter(d)
         res.dead_letters = len(dead)

@@ -58,6 +58,8 @@ class Engine:
         self.fmt = cfg.kafka.output_format
         #: expectations created before this time lost their span evidence (Redis data loss).
         self.lost_at_ms = 0
+        #: decided FALSE by another path while a later evaluation said otherwise: to revise
+        self.contradicted: set[Key] = set()
 
     def remember(self, exp: RegisteredExpectation) -> None:
         self._exp_cache[(exp.tenant, exp.expectation_id)] = exp
@@ -186,6 +188,11 @@ class Engine:
             for t in o.expectation.trace_ids()
         }
         await self.store.settle(decided, finished, now_ms, reclaim)
+        # Lost to a FALSE while this evaluation says otherwise (new evidence arrived between that
+        # decision and its settle, so the trace's decided set did not know it yet): revise it.
+        for o, d in zip(outcomes, decisions, strict=True):
+            if not d.won and d.verdict == Verdict.FALSE.value and o.verdict is not Verdict.FALSE and o.version == 1:
+                self.contradicted.add((o.expectation.tenant, o.expectation.expectation_id))
         sent: list[Published] = []
         for o, d in zip(outcomes, decisions, strict=True):
             exp = o.expectation

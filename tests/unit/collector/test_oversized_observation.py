@@ -116,3 +116,35 @@ async def test_too_many_executions_publish_none_and_never_a_negative() -> None:
         assert obs.tool_executions == () and LIMIT_EXCEEDED in obs.coverage.reasons
         assert outs[ident].verdict is Verdict.UNDETERMINED  # neither TRUE nor a FALSE from missing evidence
         assert len(body) <= ServiceConfig().limits.max_observation_bytes
+
+
+async def test_losing_to_a_false_with_contradicting_evidence_asks_for_a_revision() -> None:
+    # The sweeper (or another instance) decided FALSE; before its settle, a late span was applied
+    # and this batch judged TRUE: the compare-and-set is lost, and the FALSE must be revised.
+    from collector.processors.trace_state import Decision
+
+    class Store(_NoStore):
+        async def decide_many(self, items: Any) -> list[Decision]:
+            return [Decision(False, 1, "sid", b"ev", b"", False, "false") for _ in items]
+
+        async def settle(self, *args: Any) -> None:
+            return None
+
+    class Exporter:
+        async def send_observation(self, *args: Any) -> None:
+            return None
+
+        async def send_score(self, *args: Any) -> None:
+            return None
+
+    cfg = ServiceConfig()
+    engine = Engine(cfg, Store(), Exporter())  # type: ignore[arg-type]
+    ran = _expect("ran", ToolCallRequirement(name="search"))
+    engine.remember(ran)
+    work = Work()
+    work.add(TENANT, ["ran"], "span")
+    work.states[(TENANT, TRACE)] = _state(2, 16)
+    (out,) = await engine.evaluate(work, 0)
+    assert out.verdict is Verdict.TRUE
+    await engine.decide_and_send([out])
+    assert engine.contradicted == {(TENANT, "ran")}
