@@ -78,6 +78,9 @@ class Keys:
     def state(self, tenant: str, trace_id: str) -> str:
         return f"{self.p}:{{{tenant}:{trace_id}}}:s"
 
+    def tombstone(self, tenant: str, trace_id: str) -> str:
+        return f"{self.p}:{{{tenant}:{trace_id}}}:t"
+
     def session_traces(self, tenant: str, session_id: str) -> str:
         return f"{self.p}:{{{tenant}:s:{session_id}}}:t"
 
@@ -260,7 +263,7 @@ class TraceStateStore:
                 for tenant, trace in chunk:
                     cmds.evalsha(
                         self._apply,
-                        [self.k.state(tenant, trace)],
+                        [self.k.state(tenant, trace), self.k.tombstone(tenant, trace)],
                         [
                             self.ttl_ms,
                             _facts_json(groups[(tenant, trace)]),
@@ -526,7 +529,7 @@ class TraceStateStore:
         for (op, tenant, trace), ids in by_trace.items():
             cmds.evalsha(
                 self._index,
-                [self.k.state(tenant, trace)],
+                [self.k.state(tenant, trace), self.k.tombstone(tenant, trace)],
                 [self.ttl_ms, op, ms if (tenant, trace) in shorten else 0, *ids],
             )
         for tenant, session, exp_id, revisable in sessions:

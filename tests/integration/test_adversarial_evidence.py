@@ -269,3 +269,27 @@ async def test_a_session_whose_marker_came_first_is_decided_at_its_last_trace_ma
         await tw.mark_complete(trace, span_count=2)
         ev = await tw.wait_for(ident, timeout=15)  # at the trace's marker, not at the 45 s deadline
         assert verdict(ev) == "false" and ev.trigger != "deadline"
+
+
+async def test_a_late_span_after_the_state_was_reclaimed_still_revises(kafka_bootstrap: str, redis_url: str) -> None:
+    from tests.integration.harness import until
+
+    cfg = make_config(kafka_bootstrap, redis_url, redis={"completed_ttl_seconds": 1})
+    t0 = int(time.time() * 1000) - 5_000
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+        trace, root = new_trace_id(), new_span_id()
+        await _send(cfg.kafka.topics.spans, producer, trace,
+                    otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+                    otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2))
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete"))
+        await tw.mark_complete(trace, span_count=2)
+        assert verdict(await tw.wait_for(ident, timeout=30)) == "false"
+        key = service.store.k.state("default", trace)
+
+        async def reclaimed() -> bool:
+            return not await service.redis.exists(key)
+
+        await until(reclaimed, timeout=30)  # complete and decided: its state is gone after 1 s
+        await _send(cfg.kafka.topics.spans, producer, trace,
+                    otlp_span(trace, parent=root, tool="delete", start_ms=t0 + 3, end_ms=t0 + 4))
+        assert await _events(tw, ident, 2) == ["false", "true"]

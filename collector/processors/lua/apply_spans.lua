@@ -1,5 +1,6 @@
 -- Apply one batch of normalized span facts to one trace's state, atomically.
 -- KEYS[1] state (JSON string; it also holds the trace's pending `pe` and decided `de` expectation ids)
+-- KEYS[2] the trace's tombstone (written when a complete, decided trace's state is reclaimed)
 -- ARGV[1] ttl ms  ARGV[2] JSON array of span facts  ARGV[3] max spans  ARGV[4] max tool executions
 -- ARGV[5] global watermark ms  ARGV[6] allowed lateness ms  ARGV[7] inferred completion (1/0)
 -- Span fact (an array, in this order): span id, parent id or "", parent remote 0/1, end ms
@@ -14,6 +15,12 @@ if raw then
   st = load_state(raw)
 else
   st = new_state()
+  local gone = redis.call('GET', KEYS[2])
+  if gone then
+    -- The trace was complete and decided, and its state reclaimed: every span now is late.
+    st.l = 1
+    for _, id in ipairs(cjson.decode(gone)) do st.de[id] = 1 end
+  end
 end
 local facts = cjson.decode(ARGV[2])
 local max_spans = tonumber(ARGV[3])

@@ -1,6 +1,7 @@
 -- Index an expectation on one trace's state: add it as pending, move it to decided, or drop it.
 -- Kept inside the trace's own JSON state (one key, one Cluster slot, no per-trace sets).
--- KEYS[1] state  ARGV[1] ttl ms (for a state created here)  ARGV[2] op: add|done|drop
+-- KEYS[1] state  KEYS[2] the trace's tombstone (optional)
+-- ARGV[1] ttl ms (for a state created here)  ARGV[2] op: add|done|drop
 -- ARGV[3] reclaim ms: > 0 shortens the state's life to at most that (PEXPIRE LT; the trace is
 --   complete and decided), 0 leaves it  ARGV[4..] ids
 local raw = redis.call('GET', KEYS[1])
@@ -29,5 +30,10 @@ else
   redis.call('SET', KEYS[1], dump_state(st), 'PX', ARGV[1])
 end
 local reclaim = tonumber(ARGV[3])
-if reclaim > 0 then redis.call('PEXPIRE', KEYS[1], reclaim, 'LT') end
+if reclaim > 0 then
+  redis.call('PEXPIRE', KEYS[1], reclaim, 'LT')
+  -- What outlives the reclaimed state: that the trace was complete and which expectations were
+  -- decided on it, so a span arriving after the state is gone is late and revises them.
+  if KEYS[2] then redis.call('SET', KEYS[2], cjson.encode(keys_of(st.de)), 'PX', ARGV[1]) end
+end
 return 1
