@@ -427,6 +427,8 @@ class ToolwitnessClient:
         self._started = False
         self._start_lock = asyncio.Lock()
 
+        #: partitions sent back to where this client stopped after aiokafka moved them ahead
+        self._reseek: dict[TopicPartition, int] = {}
         #: observations already read and verified, by id (most recent last)
         self._observations: OrderedDict[str, Observation] = OrderedDict()
         #: (tenant, expectation id) -> events: two tenants may use the same expectation id
@@ -508,9 +510,11 @@ class ToolwitnessClient:
                     client_id=f"{self._client_id}-scores",
                     group_id=None,
                     enable_auto_commit=False,
-                    # What aiokafka falls back to for a partition without a position: the end. A
-                    # re-assignment (partitions added) is repositioned explicitly (``_follow``).
-                    auto_offset_reset="latest",
+                    # What aiokafka falls back to for a partition without a position (it may reset
+                    # one on a metadata change): where this client starts. A re-assignment
+                    # (partitions added) is repositioned explicitly (``_follow``); what a reset
+                    # reads twice is dropped by score_id.
+                    auto_offset_reset="earliest" if self._scores_from == "beginning" else "latest",
                     fetch_max_wait_ms=self._fetch_max_wait_ms,
                     metadata_max_age_ms=self._metadata_max_age_ms,
                     request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
@@ -733,10 +737,24 @@ class ToolwitnessClient:
                 await self._follow(assigned)
                 continue
             for tp, records in batch.items():
+                if not records:
+                    continue
+                expected = self._positions.get(tp)
+                if expected is not None and records[0].offset > expected and self._reseek.get(tp) != expected:
+                    # aiokafka reset this partition (a metadata change re-assigns even the same
+                    # partitions, to auto_offset_reset): records from where this client stopped
+                    # were skipped. Go back once (a real gap -- retention, transaction markers --
+                    # shows the same first offset again and is then taken as it is).
+                    start = (await self._consumer.beginning_offsets([tp]))[tp]
+                    if expected >= start:
+                        log.info("scores partition %s moved ahead to %d; back to %d", tp, records[0].offset, expected)
+                        self._reseek[tp] = expected
+                        self._consumer.seek(tp, expected)
+                        continue
+                self._reseek.pop(tp, None)
                 for record in records:
                     self._ingest(record.value)
-                if records:
-                    self._positions[tp] = records[-1].offset + 1
+                self._positions[tp] = records[-1].offset + 1
 
     async def _follow(self, assigned: set[TopicPartition]) -> None:
         added = assigned - self._assigned

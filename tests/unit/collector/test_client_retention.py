@@ -114,3 +114,48 @@ async def test_a_message_scope_without_its_traces_is_refused_before_sending() ->
     expectation = ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="t"),)),))
     with pytest.raises(ValueError, match=r"needs its trace_ids .* inline"):
         await tw.expect(MessageScorable(message_id="m-1"), expectation)
+
+
+async def test_a_partition_moved_ahead_by_the_consumer_is_read_from_where_the_client_stopped() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from aiokafka import TopicPartition
+
+    tp = TopicPartition("scores", 0)
+    rec = lambda off, eid: SimpleNamespace(offset=off, value=_event(eid))  # noqa: E731
+    batches = [
+        {tp: [rec(7, "skipped-ahead")]},  # reset to the end: offsets 5 and 6 were skipped
+        {tp: [rec(5, "five"), rec(6, "six"), rec(7, "skipped-ahead")]},  # after the seek back
+        {tp: [rec(10, "after-a-gap")]},  # a real gap (8, 9 gone): back once ...
+        {tp: [rec(10, "after-a-gap")]},  # ... the same first offset again: taken as it is
+    ]
+    seeks: list[int] = []
+    drained = asyncio.Event()
+
+    class Consumer:
+        def assignment(self) -> frozenset[TopicPartition]:
+            return frozenset({tp})
+
+        async def getmany(self, timeout_ms: int) -> dict[TopicPartition, list[SimpleNamespace]]:
+            if not batches:
+                drained.set()  # every batch was handed over and handled
+                await asyncio.sleep(3600)
+            return batches.pop(0)
+
+        async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+            return {t: 0 for t in tps}
+
+        def seek(self, t: TopicPartition, offset: int) -> None:
+            seeks.append(offset)
+
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme")
+    tw._consumer = Consumer()  # type: ignore[assignment]
+    tw._assigned = frozenset({tp})
+    tw._positions = {tp: 5}
+    task = asyncio.create_task(tw._consume())
+    await asyncio.wait_for(drained.wait(), timeout=5)
+    task.cancel()
+    assert seeks == [5, 8]
+    assert [e.expectation_id for e in tw._arrived.values()] == ["five", "six", "skipped-ahead", "after-a-gap"]
+    assert tw._positions[tp] == 11
