@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from collector.client import ToolwitnessClient
+from collector.config import ServiceConfig
 from scoring.models import TraceScorable
 from tests.integration.harness import (
     control_client,
@@ -32,6 +33,21 @@ pytestmark = pytest.mark.integration
 async def _send(cfg_topic: str, producer: object, trace_id: str, *spans: object) -> None:
     req = otlp_request(list(spans))  # type: ignore[arg-type]
     await producer.send_and_wait(cfg_topic, req.SerializeToString(), key=trace_id.encode())  # type: ignore[attr-defined]
+
+
+async def _decided_false(
+    cfg: ServiceConfig, tw: ToolwitnessClient, producer: object, t0: int, tool: str
+) -> tuple[str, bytes, str]:
+    """A trace (root + 'search') complete by its count marker, and an expectation that ``tool``
+    ran, decided FALSE. Returns (trace id, root span id, expectation id)."""
+    trace, root = new_trace_id(), new_span_id()
+    await _send(cfg.kafka.topics.spans, producer, trace,
+                otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+                otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2))
+    ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects(tool))
+    await tw.mark_complete(trace, span_count=2)
+    assert verdict(await tw.wait_for(ident, timeout=30)) == "false"
+    return trace, root, ident
 
 
 async def _events(tw: ToolwitnessClient, ident: str, n: int) -> list[str]:
@@ -82,13 +98,7 @@ async def test_a_second_marker_with_another_count_revises_the_false_decided_on_t
     cfg = make_config(kafka_bootstrap, redis_url)
     t0 = int(time.time() * 1000) - 5_000
     async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
-        trace, root = new_trace_id(), new_span_id()
-        await _send(cfg.kafka.topics.spans, producer, trace,
-                    otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-                    otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2))
-        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_db"))
-        await tw.mark_complete(trace, span_count=2)
-        assert verdict(await tw.wait_for(ident, timeout=30)) == "false"
+        trace, _, ident = await _decided_false(cfg, tw, producer, t0, "delete_db")
         await tw.mark_complete(trace, span_count=3)  # the producer now claims another span
         versions = await _events(tw, ident, 2)
         assert versions == ["false", "undetermined"]  # revised: the claims disagree
@@ -277,13 +287,7 @@ async def test_a_late_span_after_the_state_was_reclaimed_still_revises(kafka_boo
     cfg = make_config(kafka_bootstrap, redis_url, redis={"completed_ttl_seconds": 1})
     t0 = int(time.time() * 1000) - 5_000
     async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
-        trace, root = new_trace_id(), new_span_id()
-        await _send(cfg.kafka.topics.spans, producer, trace,
-                    otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-                    otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2))
-        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete"))
-        await tw.mark_complete(trace, span_count=2)
-        assert verdict(await tw.wait_for(ident, timeout=30)) == "false"
+        trace, root, ident = await _decided_false(cfg, tw, producer, t0, "delete")
         key = service.store.k.state("default", trace)
 
         async def reclaimed() -> bool:
