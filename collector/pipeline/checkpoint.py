@@ -164,14 +164,12 @@ class Checkpoint:
             sessions.extend((tenant, s, trace) for s in r.new_sessions)
             if r.root_end_ms and self.cfg.completion.mode == "inferred":
                 waits.append((tenant, trace, r.root_end_ms + lateness))
-        pending, revisions = await self.store.index_sessions(sessions, watermark)
+        pending, broken = await self.store.index_sessions(sessions, watermark)
         for (tenant, _session), ids in pending.items():
             work.add(tenant, ids, "span")
-        for (tenant, _session), ids in revisions.items():
-            work.revisions.update((tenant, d) for d in ids)
-        # a trace that turned late breaks its sessions' completeness too
-        late = [(tenant, s) for (tenant, _t), r in applied.items() for s in r.late_sessions]
-        for (tenant, _session), ids in (await self.store.revise_sessions(late)).items():
+        # sessions a trace joined after they were complete, and those of a trace that turned late
+        broken += [(tenant, s) for (tenant, _t), r in applied.items() for s in r.late_sessions]
+        for (tenant, _session), ids in (await self.store.revise_sessions(broken)).items():
             work.revisions.update((tenant, d) for d in ids)
         # Span batches never carry authority: only control records register or complete.
         for rec, msg in controls:
@@ -182,23 +180,13 @@ class Checkpoint:
         # time, each slice in concurrent lanes (distinct expectations: independent; each decision
         # keeps its own order). A decision stays unpublished for one slice only, well within the
         # sweeper's re-send grace, so the sweeper does not re-send the decisions of a long batch.
-        outcomes = await self.engine.evaluate(work, watermark)
-        for i in range(0, len(outcomes), DECIDE_SLICE):
-            published = await self._decide_and_send(outcomes[i : i + DECIDE_SLICE])
-            await self.exporter.flush()
-            await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
-            res.published += len(published)
+        res.published += await self._publish(await self.engine.evaluate(work, watermark))
         if self.engine.contradicted:
             # A FALSE decided elsewhere (the sweeper, another instance) that this batch's evidence
             # contradicts: revise it now (the revision path re-checks the stored verdict).
             again = Work(revisions=set(self.engine.contradicted))
             self.engine.contradicted.clear()
-            revised = await self.engine.evaluate(again, watermark)
-            if revised:
-                published = await self._decide_and_send(revised)
-                await self.exporter.flush()
-                await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
-                res.published += len(published)
+            res.published += await self._publish(await self.engine.evaluate(again, watermark))
         for d in dead:
             await self.exporter.send_dead_letter(d)
         res.dead_letters = len(dead)
@@ -206,6 +194,16 @@ class Checkpoint:
         BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
         # 5. the caller commits res.offsets
         return res
+
+    async def _publish(self, outcomes: list[Outcome]) -> int:
+        """Steps 2b-4 for ``outcomes``, one slice at a time; how many were published."""
+        count = 0
+        for i in range(0, len(outcomes), DECIDE_SLICE):
+            published = await self._decide_and_send(outcomes[i : i + DECIDE_SLICE])
+            await self.exporter.flush()
+            await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
+            count += len(published)
+        return count
 
     async def _decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:
         n = max(1, min(DECIDE_LANES, len(outcomes) // DECIDE_LANE_MIN))

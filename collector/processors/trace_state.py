@@ -306,14 +306,13 @@ class TraceStateStore:
 
     async def index_sessions(
         self, items: Iterable[tuple[str, str, str]], watermark_ms: int
-    ) -> tuple[dict[tuple[str, str], list[str]], dict[tuple[str, str], list[str]]]:
-        """Record trace→session links. Returns (pending, revisions): the pending expectation ids of
-        each session, and -- for a trace linked to a session that was already complete (its marker
-        passed by the watermark) -- the session's decided ids: the completeness claim is broken
-        (the session is flagged late), so a FALSE decided on it is revised."""
+    ) -> tuple[dict[tuple[str, str], list[str]], list[tuple[str, str]]]:
+        """Record trace→session links. Returns (pending, broken): the pending expectation ids of
+        each session, and the sessions a trace joined after they were complete (their marker passed
+        by the watermark): their completeness claim is broken (``revise_sessions``)."""
         items = list(items)
         if not items:
-            return {}, {}
+            return {}, []
         lateness = self.cfg.completion.allowed_lateness_ms
         cmds = Commands()
         for tenant, session, trace in items:
@@ -321,19 +320,15 @@ class TraceStateStore:
             cmds.add("PEXPIRE", self.k.session_traces(tenant, session), self.ttl_ms)
             cmds.add("SMEMBERS", self.k.session_pending(tenant, session))
             cmds.add("GET", self.k.session_complete(tenant, session))
-            cmds.add("SMEMBERS", self.k.session_decided(tenant, session))
         raw = await self._execute(cmds)
         pending: dict[tuple[str, str], list[str]] = {}
-        revisions: dict[tuple[str, str], list[str]] = {}
-        late = Commands()
+        broken: list[tuple[str, str]] = []
         for i, (tenant, session, _) in enumerate(items):
-            added, _, pend, marker_at, decided = raw[5 * i : 5 * i + 5]
+            added, _, pend, marker_at = raw[4 * i : 4 * i + 4]
             pending[(tenant, session)] = sorted(_s(x) for x in pend)
             if int(added) and marker_at is not None and watermark_ms >= int(marker_at) + lateness:
-                late.add("SET", self.k.session_late(tenant, session), 1, "PX", self.ttl_ms)
-                revisions.setdefault((tenant, session), []).extend(sorted(_s(x) for x in decided))
-        await self._execute(late)
-        return pending, revisions
+                broken.append((tenant, session))
+        return pending, broken
 
     async def mark_complete(
         self, tenant: str, trace_id: str, span_count: int | None, at_ms: int, watermark_ms: int = 0

@@ -29,15 +29,6 @@ local wm = tonumber(ARGV[5])
 local lateness = tonumber(ARGV[6])
 local inferred = ARGV[7] == '1'
 
-local function next_empty(t) return next(t) == nil end
-
--- Was the trace already complete before this batch? Then any new span breaks the claim.
-local function complete_now()
-  if st.mc >= 0 then return st.n >= st.mc end
-  if st.ma >= 0 then return wm >= st.ma + lateness end
-  if inferred and st.re > 0 and next_empty(st.p) then return wm >= st.re + lateness end
-  return false
-end
 
 local added = 0
 local dropped_spans = 0
@@ -45,7 +36,8 @@ local dropped_execs = 0
 local flagged = false
 local root_end = 0
 local new_sessions = {}
-local was_complete = complete_now()
+-- Was the trace already complete before this batch? Then any new span breaks the claim.
+local was_complete = complete_by_claims(st, wm, lateness, inferred)
 -- Executions by span id, built on the first repeated span id of the call (replays are common).
 local by_id = nil
 local function same_execution(id, x)

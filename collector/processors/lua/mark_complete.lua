@@ -14,18 +14,10 @@ local count = tonumber(ARGV[2])
 local wm = tonumber(ARGV[4])
 local lateness = tonumber(ARGV[5])
 local inferred = ARGV[6] == '1'
--- Was the trace already complete by an earlier claim (a count, or the watermark past a
--- count-less marker or, inferred, past the root's end)?
-local function complete_before()
-  if st.mc >= 0 then return st.n >= st.mc end
-  if st.ma >= 0 then return wm >= st.ma + lateness end
-  if inferred and st.re > 0 and next(st.p) == nil then return wm >= st.re + lateness end
-  return false
-end
 if count >= 0 then
   -- Two claims of completion that disagree: neither proves anything any more, and a verdict
   -- decided on the first one is revised (late = the claim was broken).
-  if (st.mc >= 0 and st.mc ~= count) or (st.mc < 0 and complete_before() and count ~= st.n) then
+  if (st.mc >= 0 and st.mc ~= count) or (st.mc < 0 and complete_by_claims(st, wm, lateness, inferred) and count ~= st.n) then
     st.r['conflicting_completion'] = 1; st.l = 1
   end
   st.mc = count

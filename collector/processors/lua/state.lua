@@ -16,6 +16,15 @@ local function dump_state(st)
   end
   return cjson.encode(out)
 end
+-- Was the trace complete by its claims at watermark ``wm``: a count marker met, the watermark past
+-- a count-less marker (+ lateness), or (inferred mode) past the ended root with no orphan? The
+-- same rule as decide.trace_coverage, which judges it for verdicts.
+local function complete_by_claims(st, wm, lateness, inferred)
+  if st.mc >= 0 then return st.n >= st.mc end
+  if st.ma >= 0 then return wm >= st.ma + lateness end
+  if inferred and st.re > 0 and next(st.p) == nil then return wm >= st.re + lateness end
+  return false
+end
 local function keys_of(t)
   local out = {}
   for k, _ in pairs(t or {}) do table.insert(out, k) end
