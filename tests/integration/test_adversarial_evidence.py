@@ -9,10 +9,15 @@ import time
 from datetime import timedelta
 
 import pytest
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from collector.client import ToolwitnessClient
 from collector.config import ServiceConfig
-from scoring.models import TraceScorable
+from collector.otel import KafkaSpanExporter, SpanCountingProcessor
+from scoring.models import SessionScorable, TraceScorable
 from tests.integration.harness import (
     control_client,
     expects,
@@ -24,6 +29,7 @@ from tests.integration.harness import (
     raw_producer,
     running_service,
     settled,
+    until,
     verdict,
 )
 
@@ -53,8 +59,6 @@ async def _decided_false(
 async def _events(tw: ToolwitnessClient, ident: str, n: int) -> list[str]:
     async def enough() -> bool:
         return len({e.score_id for e in tw.events(ident)}) >= n
-
-    from tests.integration.harness import until
 
     await until(enough, timeout=30)
     by_version = {e.version: verdict(e) for e in tw.events(ident)}
@@ -107,13 +111,6 @@ async def test_a_second_marker_with_another_count_revises_the_false_decided_on_t
 
 
 async def test_spans_cut_by_the_sdks_attribute_limit_never_prove_absence(kafka_bootstrap: str, redis_url: str) -> None:
-    from opentelemetry.context import Context
-    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-
-    from collector.otel import KafkaSpanExporter, SpanCountingProcessor
-
     cfg = make_config(kafka_bootstrap, redis_url)
     provider = TracerProvider(sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=12))
     counter = SpanCountingProcessor()
@@ -145,8 +142,6 @@ def _session_trace(trace: str, session: str, tool: str, t0: int) -> list[object]
 
 async def test_a_session_trace_whose_spans_trail_its_marker_is_waited_for(kafka_bootstrap: str, redis_url: str) -> None:
     # The harness marks both traces and the session complete; trace 2's spans are still in flight.
-    from scoring.models import SessionScorable
-
     cfg = make_config(kafka_bootstrap, redis_url)
     t0 = int(time.time() * 1000) - 5_000
     async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
@@ -159,8 +154,6 @@ async def test_a_session_trace_whose_spans_trail_its_marker_is_waited_for(kafka_
         await tw.mark_complete(second, span_count=2)
         await tw.mark_session_complete(session)
         # the service has taken the session marker (and swept) before trace 2's spans arrive
-        from tests.integration.harness import until
-
         await until(lambda: service.redis.exists(service.store.k.session_complete("default", session)))
         async with service.batch_lock:
             pass
@@ -172,8 +165,6 @@ async def test_a_session_trace_whose_spans_trail_its_marker_is_waited_for(kafka_
 
 
 async def test_a_trace_joining_a_completed_session_revises_its_false(kafka_bootstrap: str, redis_url: str) -> None:
-    from scoring.models import SessionScorable
-
     cfg = make_config(kafka_bootstrap, redis_url)
     t0 = int(time.time() * 1000) - 5_000
     async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
@@ -194,8 +185,6 @@ async def test_claims_broken_later_all_revise_the_false(kafka_bootstrap: str, re
     """Round 2: a count marker contradicting a count-less completion; a span the limit drops after
     completion; a late span inside a trace of a completed session; a re-sent session marker then
     a joining trace. Each FALSE decided on the earlier claim gets version 2."""
-    from scoring.models import SessionScorable
-
     cfg = make_config(kafka_bootstrap, redis_url, limits={"max_spans_per_trace": 3})
     t0 = int(time.time() * 1000) - 5_000
     async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
@@ -254,8 +243,6 @@ async def test_claims_broken_later_all_revise_the_false(kafka_bootstrap: str, re
 async def test_a_session_whose_marker_came_first_is_decided_at_its_last_trace_marker(
     kafka_bootstrap: str, redis_url: str
 ) -> None:
-    from scoring.models import SessionScorable
-
     cfg = make_config(kafka_bootstrap, redis_url)
     t0 = int(time.time() * 1000) - 5_000
     async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
@@ -265,8 +252,6 @@ async def test_a_session_whose_marker_came_first_is_decided_at_its_last_trace_ma
                                 deadline=timedelta(seconds=45))
         await tw.mark_session_complete(session)
         # the watermark passes the session marker; the trace still has no marker: nothing yet
-        from tests.integration.harness import until
-
         marker_at = int(time.time() * 1000)
         await until(lambda: service.watermarks.global_watermark(), timeout=30)
 
@@ -282,8 +267,6 @@ async def test_a_session_whose_marker_came_first_is_decided_at_its_last_trace_ma
 
 
 async def test_a_late_span_after_the_state_was_reclaimed_still_revises(kafka_bootstrap: str, redis_url: str) -> None:
-    from tests.integration.harness import until
-
     cfg = make_config(kafka_bootstrap, redis_url, redis={"completed_ttl_seconds": 1})
     t0 = int(time.time() * 1000) - 5_000
     async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
