@@ -81,6 +81,8 @@ class RedisConfig(_Section):
     password_env: str = "TOOLWITNESS_REDIS_PASSWORD"
     #: every key starts with it (lets several deployments or test runs share one Redis).
     key_prefix: str = Field(default="tw", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    #: life of a trace's state after its last change (or after an expectation on it is registered);
+    #: also the longest expectation deadline: a later one is clamped to it.
     state_ttl_seconds: int = Field(default=86400, ge=1)
     #: a trace that is complete and whose expectations are decided keeps its state only this
     #: long (late-span revisions); replay then uses the published observations.

@@ -25,6 +25,7 @@ raises ExportError before step 5, so the batch is retried, never skipped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
@@ -43,7 +44,14 @@ from collector.processors.normalize import rejected_fact
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts
 from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
-from collector.wire.convert import ControlDecodeError, check_marker, decode_control, expectation_from_proto, now_ms
+from collector.wire.convert import (
+    ControlDecodeError,
+    RegisteredExpectation,
+    check_marker,
+    decode_control,
+    expectation_from_proto,
+    now_ms,
+)
 from scoring.score.base import ScorerConfigurationError
 
 log = logging.getLogger("toolwitness.checkpoint")
@@ -214,6 +222,23 @@ class Checkpoint:
                 raise r
         return [p for r in results if not isinstance(r, BaseException) for p in r]
 
+
+    def _within_retention(self, exp: RegisteredExpectation) -> RegisteredExpectation:
+        """A deadline at most ``redis.state_ttl_seconds`` away: the evidence it is judged on lives
+        that long after the expectation is registered (a later deadline would judge expired
+        state). Clamped, with a warning, not refused: the caller still gets its UNDETERMINED."""
+        latest = exp.created_ms + self.cfg.redis.state_ttl_seconds * 1000
+        if exp.deadline_ms <= latest:
+            return exp
+        log.warning(
+            "expectation %s: deadline %.0f s is beyond redis.state_ttl_seconds (%d s), the evidence's "
+            "retention; it is decided by then",
+            exp.expectation_id,
+            (exp.deadline_ms - exp.created_ms) / 1000,
+            self.cfg.redis.state_ttl_seconds,
+        )
+        return dataclasses.replace(exp, deadline_ms=latest)
+
     async def _control(
         self,
         rec: ConsumerRecord[bytes, bytes],
@@ -235,6 +260,7 @@ class Checkpoint:
                     # gives the expectation the same creation time and deadline again.
                     now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
                 )
+                exp = self._within_retention(exp)
                 if scope_bytes_bound(exp.scope) > self.cfg.limits.max_observation_bytes // 2:
                     # Its observations could never be published (the scope is part of each).
                     raise ControlDecodeError(

@@ -382,12 +382,23 @@ class TraceStateStore:
         cmds = Commands()
         for trace in exp.trace_ids():
             cmds.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "add", 0, exp.expectation_id])
-        if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
-            sid = exp.scope.session_id
-            cmds.add("SADD", self.k.session_pending(exp.tenant, sid), exp.expectation_id)
-            cmds.add("PEXPIRE", self.k.session_pending(exp.tenant, sid), self.ttl_ms)
+        session = None if exp.trace_ids() else getattr(exp.scope, "session_id", None)
+        if session is not None:
+            cmds.add("SADD", self.k.session_pending(exp.tenant, session), exp.expectation_id)
+            cmds.add("PEXPIRE", self.k.session_pending(exp.tenant, session), self.ttl_ms)
+            # The session's trace set and the traces already in it live until the deadline at
+            # least (it is at most the ttl away): an idle session must not lose its evidence.
+            cmds.add("PEXPIRE", self.k.session_traces(exp.tenant, session), self.ttl_ms, "GT")
+            cmds.add("SMEMBERS", self.k.session_traces(exp.tenant, session))
         cmds.add("ZADD", self.k.deadlines, exp.deadline_ms, member(exp.tenant, exp.expectation_id))
-        await self._execute(cmds)
+        replies = await self._execute(cmds)
+        if session is not None:
+            traces = sorted(_s(t) for t in replies[-2])
+            touch = Commands()
+            for trace in traces:
+                touch.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "touch", 0])
+            if traces:
+                await self._execute(touch)
         return True
 
     async def forget(self, exp: RegisteredExpectation) -> None:

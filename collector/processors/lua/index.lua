@@ -1,7 +1,9 @@
 -- Index an expectation on one trace's state: add it as pending, move it to decided, or drop it.
 -- Kept inside the trace's own JSON state (one key, one Cluster slot, no per-trace sets).
 -- KEYS[1] state  KEYS[2] the trace's tombstone (optional)
--- ARGV[1] ttl ms (for a state created here)  ARGV[2] op: add|done|drop
+-- ARGV[1] ttl ms: the life of a state created here; 'add' and 'touch' also give an existing
+--   state at least that much life left (a pending expectation's evidence must outlive its
+--   deadline, which is at most the ttl away)  ARGV[2] op: add|touch|done|drop
 -- ARGV[3] reclaim ms: > 0 shortens the state's life to at most that (PEXPIRE LT; the trace is
 --   complete and decided), 0 leaves it  ARGV[4..] ids
 local raw = redis.call('GET', KEYS[1])
@@ -12,6 +14,8 @@ else
   if ARGV[2] ~= 'add' then return 0 end
   st = new_state()
 end
+local renew = ARGV[2] == 'add' or ARGV[2] == 'touch'
+
 for i = 4, #ARGV do
   local id = ARGV[i]
   if ARGV[2] == 'add' then
@@ -24,7 +28,14 @@ for i = 4, #ARGV do
     st.de[id] = nil
   end
 end
-if raw then
+if raw and renew then
+  local left = redis.call('PTTL', KEYS[1])
+  if left >= 0 and left < tonumber(ARGV[1]) then
+    redis.call('SET', KEYS[1], dump_state(st), 'PX', ARGV[1])
+  else
+    redis.call('SET', KEYS[1], dump_state(st), 'KEEPTTL')
+  end
+elseif raw then
   redis.call('SET', KEYS[1], dump_state(st), 'KEEPTTL')
 else
   redis.call('SET', KEYS[1], dump_state(st), 'PX', ARGV[1])
