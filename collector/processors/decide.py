@@ -46,6 +46,7 @@ from scoring.models.evidence import (
     ORPHAN_PARENT,
     STATE_LOST,
     CaptureState,
+    execution_order,
 )
 from scoring.score import (
     Scorer,
@@ -217,7 +218,7 @@ class Decider:
         scope = exp.scope
         if isinstance(scope, MessageScorable | TraceScorable):
             scope = scope.model_copy()
-        executions.sort(key=lambda e: (e.start_time_unix_nano, e.trace_id, e.span_id))
+        executions.sort(key=execution_order)
         # Built from validated parts; its content id is computed only if it gets published
         # (most evaluations decide nothing yet), in ``outcome``.
         return Observation.model_construct(

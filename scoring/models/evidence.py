@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from scoring.models.scorables import AnyScorable
 
-NORMALIZATION_VERSION = "1"
+#: "2": an OpenInference TOOL span's arguments are ``input.value`` before ``tool.parameters``.
+NORMALIZATION_VERSION = "2"
 
 # Reasons why coverage is not complete. Any of them makes absence unprovable.
 AWAITING_COMPLETION = "awaiting_completion"
@@ -100,6 +101,25 @@ class ToolExecution(_Frozen):
         return m
 
 
+def execution_order(e: ToolExecution) -> tuple[object, ...]:
+    """The one order of executions in an observation: start time, then ids, then every other field
+    (a total order, so that equal evidence is always listed, and hashed, the same way)."""
+    return (
+        e.start_time_unix_nano,
+        e.trace_id,
+        e.span_id,
+        e.name,
+        e.end_time_unix_nano,
+        e.status,
+        e.call_id is not None,
+        e.call_id or "",
+        e.arguments is not None,
+        e.arguments or "",
+        e.arguments_state,
+        e.convention,
+    )
+
+
 class CompletionSource(StrEnum):
     MARKER = "marker"
     WATERMARK = "watermark"
@@ -168,6 +188,11 @@ class Observation(_Frozen):
     normalization_version: str = NORMALIZATION_VERSION
     captured_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
+    @field_validator("tool_executions")
+    @classmethod
+    def _in_execution_order(cls, v: tuple[ToolExecution, ...]) -> tuple[ToolExecution, ...]:
+        return tuple(sorted(v, key=execution_order))
+
     @model_validator(mode="after")
     def _content_id(self) -> Observation:
         expected = self.content_hash()
@@ -189,7 +214,8 @@ class Observation(_Frozen):
         c = self.coverage
         return {
             "scorable": self.scorable.model_dump(mode="json"),
-            "tool_executions": [e.__dict__ for e in self.tool_executions],
+            # in execution order whatever the tuple's (``model_construct`` skips the validator)
+            "tool_executions": [e.__dict__ for e in sorted(self.tool_executions, key=execution_order)],
             "coverage": {"complete": c.complete, "reasons": c.reasons, "source": c.source},
             "acquisition": self.acquisition,
             "normalization_version": self.normalization_version,

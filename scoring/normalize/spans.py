@@ -48,7 +48,10 @@ GEN_AI_RESULT = "gen_ai.tool.call.result"
 OI_KIND = "openinference.span.kind"
 OI_TOOL_NAME = "tool.name"
 OI_CALL_IDS = ("tool.id", "tool_call.id")
-OI_ARGUMENTS = ("tool.parameters", "input.value")
+#: ``input.value`` first: on a TOOL span it is the call's input. OpenInference defines
+#: ``tool.parameters`` as the tool's parameter *definition* (``{"a": "int"}``); DESIGN §1 lists it
+#: as an arguments source, so it is read only when the span has no ``input.value``.
+OI_ARGUMENTS = ("input.value", "tool.parameters")
 OI_RESULT = "output.value"
 SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
 ERROR_TYPE = "error.type"

@@ -29,7 +29,7 @@ from scoring.models.conditions import (
 )
 from scoring.models.evidence import Acquisition, CaptureState, Coverage, Observation, ToolExecution
 from scoring.models.status import Verdict
-from scoring.verdict.jsonpath import select
+from scoring.verdict.jsonpath import compile_path, select
 from scoring.verdict.kleene import all_of
 
 T, F, U = Verdict.TRUE, Verdict.FALSE, Verdict.UNDETERMINED
@@ -94,15 +94,48 @@ def _strings(v: Any) -> Iterator[str]:
 
 def _carries(canary: str, raw: str) -> bool:
     """The canary is in the arguments as recorded, or in their decoded JSON strings (escaped when recorded)."""
-    return canary in raw or any(canary in s for s in _strings(_parse_arguments(raw)))
+    if canary in raw:
+        return True
+    doc = _parse_arguments(raw)
+    return doc is not _UNREADABLE and doc is not _NOT_JSON and any(canary in s for s in _strings(doc))
+
+
+class _Sentinel:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: captured, but not JSON: only the root path reads it (the whole text is one string value)
+_NOT_JSON = _Sentinel("NOT_JSON")
+#: JSON with a key repeated in one object (which value the tool used depends on its parser), or
+#: nested deeper than Python's parser goes
+_UNREADABLE = _Sentinel("UNREADABLE")
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKeyError
+    return out
 
 
 @lru_cache(maxsize=4096)
 def _parse_arguments(raw: str) -> Any:
     try:
-        return json.loads(raw)
+        return json.loads(raw, object_pairs_hook=_unique_keys)
+    except (_DuplicateKeyError, RecursionError):  # RecursionError: nested deeper than we read
+        return _UNREADABLE
     except ValueError:
-        return raw  # captured, but not JSON: the whole text is one string value
+        return _NOT_JSON
 
 
 @lru_cache(maxsize=256)
@@ -123,7 +156,14 @@ def match_arguments(matcher: ArgumentMatcher, execution: ToolExecution) -> Verdi
     """One matcher on one execution. Uncaptured or truncated arguments are UNDETERMINED."""
     if execution.arguments_state is not CaptureState.CAPTURED or execution.arguments is None:
         return U
-    values = select(_parse_arguments(execution.arguments), matcher.path)
+    doc = _parse_arguments(execution.arguments)
+    if doc is _UNREADABLE:
+        return U  # {"path": "/tmp", "path": "/"}: what the tool read is not known
+    if doc is _NOT_JSON:
+        if compile_path(matcher.path):
+            return U  # no field of a text that is not JSON can be read: not a negative result
+        doc = execution.arguments
+    values = select(doc, matcher.path)
     kind = matcher.kind
     if kind == "equals":
         want = _canon_eq(matcher.equals)

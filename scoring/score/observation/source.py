@@ -14,6 +14,7 @@ from scoring.models.evidence import (
     Coverage,
     Observation,
     ToolExecution,
+    execution_order,
 )
 from scoring.models.scorables import MessageScorable, SessionScorable, TraceScorable
 from scoring.normalize.spans import normalize_span
@@ -66,7 +67,7 @@ def build_observation(
         acquisition = Acquisition.COMPLETE
     else:
         acquisition = Acquisition.PARTIAL
-    ordered = sorted(executions.values(), key=lambda e: (e.start_time_unix_nano, e.trace_id, e.span_id))
+    ordered = sorted(executions.values(), key=execution_order)
     return Observation(
         scorable=scorable,
         tool_executions=tuple(ordered),

@@ -480,7 +480,7 @@ def test_observation_id_is_a_content_hash() -> None:
         {"coverage": Coverage.incomplete()},
         {"acquisition": Acquisition.PARTIAL},
         {"scorable": TraceScorable(trace_ids=(TRACE_B,))},
-        {"normalization_version": "2"},
+        {"normalization_version": "1"},
     ],
     ids=["executions", "tool-name-case", "coverage", "acquisition", "scope", "normalization-version"],
 )

@@ -194,12 +194,39 @@ def test_uncaptured_arguments_are_undetermined(execution: ToolExecution, matcher
     [
         ("plain text with CANARY", ArgumentMatcher(path="$", regex="CANARY"), T),
         ("plain text", ArgumentMatcher(path="$", equals="plain text"), T),
-        ("plain text", ArgumentMatcher(path="$.a", equals="plain text"), F),
+        # A field of a text that is not JSON cannot be read: not a negative result ("rm never ran
+        # with path=/" must not hold over "rm -rf /" recorded as plain text).
+        ("rm -rf /", ArgumentMatcher(path="$.path", equals="/"), U),
+        ("{'path': '/'}", ArgumentMatcher(path="$..path", regex="^/$"), U),
     ],
-    ids=["non-json-regex", "non-json-equals-root", "non-json-no-keys"],
+    ids=["non-json-regex", "non-json-equals-root", "non-json-field-unknown", "python-repr-field-unknown"],
 )
 def test_captured_non_json_arguments_are_one_string(raw: str, matcher: ArgumentMatcher, expected: Verdict) -> None:
     assert match_arguments(matcher, ex(raw=raw)) is expected
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"path": "/tmp", "path": "/"}',
+        '{"opts": {"force": false, "force": true}, "path": "/"}',
+        "[" * 100_000 + "]" * 100_000,
+    ],
+    ids=["repeated-key", "repeated-nested-key", "deeper-than-the-parser"],
+)
+@pytest.mark.parametrize(
+    "matcher",
+    [
+        ArgumentMatcher(path="$.path", equals="/"),
+        ArgumentMatcher(path="$.path", equals="/tmp"),
+        ArgumentMatcher(regex="."),
+    ],
+    ids=["one-value", "the-other", "root"],
+)
+def test_arguments_a_parser_may_read_differently_are_undetermined(raw: str, matcher: ArgumentMatcher) -> None:
+    # Which of two values for one key a tool used depends on its JSON parser: neither is proven,
+    # and neither is disproven.
+    assert match_arguments(matcher, ex(raw=raw)) is U
 
 
 @pytest.mark.parametrize(
@@ -517,6 +544,13 @@ NORMALIZE_CASES: list[tuple[str, NeutralSpan, dict[str, Any] | None, set[str]]] 
         "openinference-tool-parameters",
         span({**OI, "tool.id": "t-1", "tool.parameters": '{"city": "Oslo"}'}),
         {"name": "get_weather", "convention": "openinference", "call_id": "t-1", "arguments": '{"city": "Oslo"}'},
+        set(),
+    ),
+    (
+        # OpenInference: tool.parameters is the tool's parameter definition; the call's input wins
+        "openinference-input-value-over-parameter-definition",
+        span({**OI, "tool.parameters": '{"path": "string"}', "input.value": '{"path": "/"}'}),
+        {"convention": "openinference", "arguments": '{"path": "/"}'},
         set(),
     ),
     (

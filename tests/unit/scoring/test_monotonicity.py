@@ -538,6 +538,15 @@ def test_each_condition_judge_is_monotone(conds: list[Condition], steps: list[St
                 assert judge(c, ev).verdict is not F, f"{c!r} FALSE under {step.coverage.reasons}"
 
 
+def _json(raw: str | None) -> bool:
+    """Readable: a field of a text that is not JSON is not known (UNDETERMINED)."""
+    try:
+        json.loads(raw or "")
+    except ValueError:
+        return False
+    return True
+
+
 def _pure_absence(c: Condition) -> bool:
     """FALSE for this condition can only come from proven absence (no max_count, no exact order)."""
     if isinstance(c, ToolsCalled):
@@ -552,15 +561,18 @@ def _pure_absence(c: Condition) -> bool:
 def test_complete_fully_captured_evidence_decides_every_condition(
     conds: list[Condition], seen: list[ToolExecution]
 ) -> None:
+    # Fully captured also means an unambiguous order: start-time ties are broken (a tie leaves a
+    # sequence UNDETERMINED when its orders disagree, which is right, and not this property).
     captured = tuple(
         e.model_copy(
             update={
-                "arguments": e.arguments if e.arguments_state is CaptureState.CAPTURED else "{}",
+                "arguments": e.arguments if e.arguments_state is CaptureState.CAPTURED and _json(e.arguments) else "{}",
                 "arguments_state": CaptureState.CAPTURED,
-                "end_time_unix_nano": max(e.end_time_unix_nano, e.start_time_unix_nano + 1),
+                "start_time_unix_nano": (start := e.start_time_unix_nano * 1000 + i),
+                "end_time_unix_nano": max(e.end_time_unix_nano * 1000, start + 1),
             }
         )
-        for e in seen
+        for i, e in enumerate(seen)
     )
     ev = Step(captured, Coverage.completed(), Acquisition.COMPLETE, final=True).evidence()
     for c in conds:

@@ -21,7 +21,7 @@ from scoring.models import (
     ToolExecution,
     TraceScorable,
 )
-from scoring.models.evidence import CaptureState, canonical_json
+from scoring.models.evidence import NORMALIZATION_VERSION, CaptureState, canonical_json
 from scoring.models.scorables import ContentScorable
 
 # Unicode beyond ASCII, quotes, backslashes and control characters: the JSON writer's hard cases.
@@ -87,7 +87,7 @@ def test_content_hash_is_the_hash_of_the_canonical_dump(
         tool_executions=tuple(executions),
         coverage=coverage,
         acquisition=acquisition,
-        normalization_version="1",
+        normalization_version=NORMALIZATION_VERSION,
         captured_at=o.captured_at,
     )
     assert built.content_hash() == o.observation_id
@@ -114,3 +114,26 @@ def test_a_tampered_id_is_refused() -> None:
     o = Observation(scorable=SessionScorable(session_id="s"))
     with pytest.raises(ValueError, match="does not match"):
         Observation(observation_id="0" * 64, scorable=o.scorable, captured_at=o.captured_at)
+
+
+@settings(max_examples=200)
+@given(executions=st.lists(_execution | _trusted, min_size=2, max_size=6), data=st.data())
+def test_equal_evidence_in_any_order_has_one_id_and_one_order(executions: list[ToolExecution], data: Any) -> None:
+    # The library, the service and a replay list the same executions in one order, so the same
+    # evidence always gets the same id (one record per id on a compacted observations topic).
+    shuffled = data.draw(st.permutations(executions))
+    scope = TraceScorable(trace_ids=("0af7651916cd43dd8448eb211c80319c",))
+    a = Observation(scorable=scope, tool_executions=tuple(executions), coverage=Coverage.completed())
+    b = Observation(scorable=scope, tool_executions=tuple(shuffled), coverage=Coverage.completed())
+    assert a.observation_id == b.observation_id
+    assert a.tool_executions == b.tool_executions
+    built = Observation.model_construct(
+        observation_id="",
+        scorable=scope,
+        tool_executions=tuple(shuffled),
+        coverage=Coverage.completed(),
+        acquisition=a.acquisition,
+        normalization_version=NORMALIZATION_VERSION,
+        captured_at=a.captured_at,
+    )
+    assert built.content_hash() == a.observation_id
