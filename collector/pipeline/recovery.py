@@ -27,6 +27,7 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import RedisCluster
+from redis.cluster import PRIMARY
 from redis.crc import key_slot
 
 from collector.client import topic_partitions
@@ -58,20 +59,31 @@ class Recovery:
         self.lost_at_ms = 0
         #: the canary keys (cluster only) this instance has written or seen hold the epoch.
         self._canaries: set[str] = set()
+        #: (canary key, its slot, the primary serving it) per primary, for the topology last seen
+        self._canary_plan: list[tuple[str, int, str]] = []
 
     def canary_keys(self) -> list[str]:
         """One key per primary of a Redis Cluster, in a slot that primary serves; [] otherwise."""
         r = self.store.redis
         if not isinstance(r, RedisCluster):
             return []
-        owner = {slot: nodes[0].name for slot, nodes in r.nodes_manager.slots_cache.items() if nodes}
-        keys: list[str] = []
-        for node in {name for name in owner.values()}:
-            i = 0
-            while owner.get(key_slot(f"epoch:{i}".encode())) != node:
-                i += 1
-            keys.append(f"{self.store.k.p}:{{epoch:{i}}}")
-        return sorted(keys)
+        slots = r.nodes_manager.slots_cache
+        primaries = {n.name for n in r.nodes_manager.nodes_cache.values() if n.server_type == PRIMARY}
+        plan = self._canary_plan
+        # Every sweep asks; the 16,384-slot walk is only for a topology not seen yet: the same
+        # primaries, each still serving its canary's slot, keep the keys.
+        if not plan or {node for _, _, node in plan} != primaries or any(
+            not (owners := slots.get(slot)) or owners[0].name != node for _, slot, node in plan
+        ):
+            owner = {slot: nodes[0].name for slot, nodes in slots.items() if nodes}
+            plan = []
+            for node in set(owner.values()):
+                i = 0
+                while owner.get(slot := key_slot(f"epoch:{i}".encode())) != node:
+                    i += 1
+                plan.append((f"{self.store.k.p}:{{epoch:{i}}}", slot, node))
+            self._canary_plan = plan
+        return sorted(key for key, _, _ in plan)
 
     async def _sync_canaries(self, *, overwrite: bool) -> None:
         r = self.store.redis

@@ -181,6 +181,20 @@ async def test_data_loss_on_one_shard_is_noticed(kafka_bootstrap: str, cluster: 
         await recovery.start()
         canaries = recovery.canary_keys()
         assert _slot_owner_ports(cluster, canaries) == set(cluster.ports)  # one per primary
+        # asked every sweep: the slot map is walked again only when the topology changed
+        plan = recovery._canary_plan
+        assert recovery.canary_keys() == canaries and recovery._canary_plan is plan
+        slots = rc.nodes_manager.slots_cache
+        first_slot, first_node = plan[0][1], plan[0][2]
+        other = next(nodes for nodes in slots.values() if nodes[0].name != first_node)
+        saved = slots[first_slot]
+        slots[first_slot] = other  # the client learnt (MOVED) that another primary serves it now
+        try:
+            moved = recovery.canary_keys()
+            assert recovery._canary_plan is not plan and moved != canaries
+        finally:
+            slots[first_slot] = saved
+        assert recovery.canary_keys() == canaries
         assert not await recovery.check()
         # Lose the data of a shard that does NOT hold the main epoch key.
         main = cluster.owner(key_slot(store.k.epoch.encode()))
