@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 app = typer.Typer(
     help="toolwitness: streaming, three-valued scoring of what an agent's tools actually did.",
@@ -90,6 +91,10 @@ def sidecar(
     token_env: Annotated[str, typer.Option(help="env var holding the required bearer token")] = (
         "TOOLWITNESS_SIDECAR_TOKEN"
     ),
+    tenant: Annotated[
+        str,
+        typer.Option(help="stamp every forwarded record with this tenant (the tenant.header Kafka header)"),
+    ] = "",
 ) -> None:
     """OTLP/gRPC TraceService receiver that forwards spans to Kafka keyed by trace id."""
     from collector.config import ConfigError, load_config
@@ -101,9 +106,19 @@ def sidecar(
         typer.echo(f"toolwitness: {exc}", err=True)
         raise typer.Exit(2) from None
     _logging(cfg.log_level)
-    sidecar_cfg = SidecarConfig(
-        listen=listen, kafka=cfg.kafka, bearer_token_env=token_env, tls_certfile=tls_cert, tls_keyfile=tls_key
-    )
+    try:
+        sidecar_cfg = SidecarConfig(
+            listen=listen,
+            kafka=cfg.kafka,
+            bearer_token_env=token_env,
+            tls_certfile=tls_cert,
+            tls_keyfile=tls_key,
+            tenant=tenant,
+            tenant_header=cfg.tenant.header,
+        )
+    except ValidationError as exc:
+        typer.echo(f"toolwitness sidecar: {exc.errors(include_url=False)[0]['msg']}", err=True)
+        raise typer.Exit(2) from None
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_sidecar(sidecar_cfg))
 

@@ -31,7 +31,10 @@ class TenantConfig(_Section):
     default: str = "default"
     #: Kafka header carrying the tenant (wins over the resource attribute).
     header: str = "toolwitness-tenant"
-    #: resource attribute carrying the tenant.
+    #: resource attribute carrying the tenant when a record has no header. The agent writes its
+    #: resource attributes itself: "" turns this off (records without the header go to
+    #: ``default``), so only a producer that sets the header (e.g. ``toolwitness sidecar
+    #: --tenant``) names a tenant.
     resource_attribute: str = "toolwitness.tenant"
 
 

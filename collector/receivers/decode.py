@@ -110,7 +110,8 @@ def record_tenant(headers: Sequence[tuple[str, bytes]], resource: Mapping[str, A
     for k, v in headers:
         if k == cfg.tenant.header:
             return v.decode("utf-8", "replace")
-    t = resource.get(cfg.tenant.resource_attribute)
+    key = cfg.tenant.resource_attribute
+    t = resource.get(key) if key else None  # "": the agent's own attributes name no tenant
     return t if isinstance(t, str) and t else cfg.tenant.default
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from pydantic import field_validator
 
 from collector.client import kafka_security_kwargs
 from collector.config import KafkaConfig
@@ -50,6 +52,18 @@ class SidecarConfig(GrpcServerConfig):
     listen: str = "127.0.0.1:4317"
     kafka: KafkaConfig = KafkaConfig()
     bearer_token_env: str = "TOOLWITNESS_SIDECAR_TOKEN"
+    #: the tenant of everything this sidecar forwards, stamped on each record as the Kafka header
+    #: ``tenant_header`` (the service's ``tenant.header``), which wins over the resource attribute
+    #: the agent writes itself. Empty: no header (the service reads the resource attribute).
+    tenant: str = ""
+    tenant_header: str = "toolwitness-tenant"
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, v: str) -> str:
+        if v and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", v):
+            raise ValueError(f"tenant {v[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
+        return v
 
 
 def _span_count(request: ExportTraceServiceRequest) -> int:
@@ -135,12 +149,16 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         if rejected:
             errors.append(f"{rejected} span(s) with an invalid trace or span id")
         topic = self.config.kafka.topics.spans
+        tenant = self.config.tenant
+        headers = [(self.config.tenant_header, tenant.encode())] if tenant else None
         pending: list[Any] = []
         try:
             for trace_id, part in parts.items():
                 try:
                     pending.append(
-                        await producer.send(topic, value=part.SerializeToString(), key=trace_id.encode("ascii"))
+                        await producer.send(
+                            topic, value=part.SerializeToString(), key=trace_id.encode("ascii"), headers=headers
+                        )
                     )
                 except MessageSizeTooLargeError:
                     n = _span_count(part)

@@ -32,12 +32,15 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource as OtlpResource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import format_trace_id
+from pydantic import ValidationError
 
 from collector.client import ToolwitnessClient, ensure_topics
 from collector.config import KafkaConfig, TopicsConfig
@@ -601,6 +604,34 @@ async def test_sidecar_refuses_calls_without_the_bearer_token(
     assert sorted(r.key.decode() for r in records) == sorted(traces)
     assert token not in caplog.text
     assert any("refused" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_sidecar_with_a_tenant_stamps_it_on_every_record(kafka_bootstrap: str, topics: TopicsConfig) -> None:
+    # The agent's resource claims another tenant: the header the sidecar stamps wins at the service.
+    config = sidecar_config(kafka_bootstrap, topics).model_copy(update={"tenant": "acme"})
+    sidecar = create_sidecar(config, env={})
+    trace_id = uuid.uuid4().bytes
+    claim = KeyValue(key="toolwitness.tenant", value=AnyValue(string_value="globex"))
+    request = ExportTraceServiceRequest(
+        resource_spans=[
+            ResourceSpans(
+                resource=OtlpResource(attributes=[claim]),
+                scope_spans=[ScopeSpans(spans=[Span(trace_id=trace_id, span_id=b"\x01" * 8, name="s")])],
+            )
+        ]
+    )
+    async with asyncio.timeout(TIMEOUT_S):
+        await sidecar.start()
+        try:
+            async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
+                stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
+                await stub.Export(request, timeout=10)
+        finally:
+            await sidecar.shutdown()
+    [rec] = await read_records(kafka_bootstrap, topics.spans, 1)
+    assert rec.key == trace_id.hex().encode() and list(rec.headers) == [("toolwitness-tenant", b"acme")]
+    with pytest.raises(ValidationError, match="tenant"):
+        SidecarConfig(tenant="acme corp")
 
 
 async def test_run_sidecar_serves_until_cancelled(kafka_bootstrap: str, topics: TopicsConfig) -> None:

@@ -506,3 +506,17 @@ def test_nan_arguments_stay_strict_json() -> None:
     value = record(span([*GENAI, kv("gen_ai.tool.call.arguments", AnyValue(double_value=math.nan))]))
     out = assert_same(value, [], config())
     assert json.loads(out[1][0][2])["x"][6] == "NaN"
+
+
+@pytest.mark.parametrize("encoding", ["otlp_proto", "otlp_json"])
+def test_with_the_resource_attribute_off_the_agent_names_no_tenant(encoding: str) -> None:
+    cfg = ServiceConfig.model_validate({"kafka": {"encoding": encoding}, "tenant": {"resource_attribute": ""}})
+    claims = [kv("toolwitness.tenant", "acme"), kv("", "acme")]  # the configured name, and the empty key
+    value = record(span(GENAI), resource=claims)
+    if encoding == "otlp_json":
+        value = json.dumps(fuzz.otlp_json_doc(ExportTraceServiceRequest.FromString(value))).encode()
+    _, facts, _ = assert_same(value, [], cfg)
+    assert {tenant for tenant, *_ in facts} == {"default"}
+    # the header still names it (e.g. stamped by `toolwitness sidecar --tenant`)
+    _, facts, _ = assert_same(value, [("toolwitness-tenant", b"globex")], cfg)
+    assert {tenant for tenant, *_ in facts} == {"globex"}

@@ -308,6 +308,16 @@ def test_with_sasl_the_sidecar_uses_its_span_producer_credentials(helm: Helm) ->
     assert {e["valueFrom"]["secretKeyRef"]["name"] for e in scorer["env"] if "valueFrom" in e} == {"scorer-sasl"}
 
 
+def test_a_sidecar_per_tenant_stamps_its_tenant(helm: Helm) -> None:
+    docs = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.tenant=acme", "config.tenant.resource_attribute="])
+    sidecar = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["containers"][0]
+    args = sidecar["args"]
+    assert args[args.index("--tenant") + 1] == "acme"
+    assert service_config(docs)["tenant"]["resource_attribute"] == ""  # agents name no tenant
+    proc = helm.template(sets=["sidecar.enabled=true", "sidecar.tenant=not a tenant"])
+    assert proc.returncode != 0 and "/sidecar/tenant" in proc.stderr
+
+
 def test_the_control_plane_may_read_the_verdicts_it_waits_for(rendered: dict[str, list[dict[str, Any]]]) -> None:
     entries = acl_entries(rendered["default"])
     reads = {e["name"] for e in entries if e["principal"] == "User:toolwitness-control-plane"
