@@ -86,6 +86,9 @@ DEFAULT_DEADLINE = timedelta(minutes=5)
 DEFAULT_PARTITIONS = 4
 #: observations a client keeps after reading them (``get_observation``)
 OBSERVATION_CACHE = 10_000
+#: an observation's search starts at records written this long before the score that names it
+#: was decided (the deciding instance's clock against the broker's timestamps)
+OBSERVATION_SEARCH_SLACK_MS = 60_000
 #: Kafka error code for a topic the broker does not know.
 _UNKNOWN_TOPIC = 3
 #: Kafka error code for "topic already exists" (another client won the creation race).
@@ -431,6 +434,10 @@ class ToolwitnessClient:
         self._reseek: dict[TopicPartition, int] = {}
         #: observations already read and verified, by id (most recent last)
         self._observations: OrderedDict[str, Observation] = OrderedDict()
+        #: observation id -> when a score naming it was decided (ms): where its search starts
+        self._observed_at: OrderedDict[str, int] = OrderedDict()
+        #: records read by get_observation so far
+        self._observation_records_read = 0
         #: (tenant, expectation id) -> events: two tenants may use the same expectation id
         self._events: dict[tuple[str, str], list[score_pb2.ScoreEvent]] = {}
         #: score_id -> event, in arrival order (also the de-duplication set)
@@ -690,6 +697,11 @@ class ToolwitnessClient:
         return self._other_tenants
 
     @property
+    def observation_records_read(self) -> int:
+        """Records of the observations topic read by ``get_observation`` so far (its cost)."""
+        return self._observation_records_read
+
+    @property
     def undecodable(self) -> int:
         """Records on the scores topic that were not a ScoreEvent (skipped)."""
         return self._undecodable
@@ -792,6 +804,13 @@ class ToolwitnessClient:
             self._duplicates += 1
             return
         self._arrived[sid] = ev
+        if ev.HasField("decided_at"):
+            decided_ms = ev.decided_at.ToMilliseconds()
+            for oid in ev.observation_ids:
+                self._observed_at[oid] = decided_ms
+                self._observed_at.move_to_end(oid)
+            while len(self._observed_at) > self._max_retained:
+                self._observed_at.popitem(last=False)
         key = (ev.tenant, ev.expectation_id)
         self._events.setdefault(key, []).append(ev)
         while len(self._arrived) > self._max_retained:
@@ -885,9 +904,15 @@ class ToolwitnessClient:
 
     # -- observations ----------------------------------------------------------------------------
 
-    async def get_observation(self, observation_id: str, timeout: float = 10.0) -> Observation:
-        """Read an observation from the (compacted) observations topic, from the beginning.
+    async def get_observation(
+        self, observation_id: str, timeout: float = 10.0, *, published_after: datetime | None = None
+    ) -> Observation:
+        """Read an observation from the (compacted) observations topic.
 
+        The search starts at the first record of its partition written a minute before the
+        observation was published (Kafka's time index), known from a score that named it (one
+        this client received, or ``published_after``: a score's ``decided_at``), else at the
+        partition's start; a search from the time that does not find it goes on from the start.
         Waits up to ``timeout`` s for it to appear. The result is content-hash verified:
         a record whose content does not match its id raises ``ValueError``.
         """
@@ -917,16 +942,35 @@ class ToolwitnessClient:
                 while not parts:
                     await asyncio.sleep(0.1)  # metadata of a topic created a moment ago
                     parts = sorted(await topic_partitions(consumer, self.topics.observations))
-                home = KeyPartitioner()(key, parts, parts)
-                consumer.assign([TopicPartition(self.topics.observations, home)])
-                await consumer.seek_to_beginning()
+                tp = TopicPartition(self.topics.observations, KeyPartitioner()(key, parts, parts))
+                consumer.assign([tp])
+                near = (
+                    int(published_after.timestamp() * 1000)
+                    if published_after is not None
+                    else self._observed_at.get(observation_id)
+                )
+                # from the time index: stop there at the end offset seen now, then from the start
+                rewind_at: int | None = None
+                since = {}
+                if near:
+                    since = await consumer.offsets_for_times({tp: max(0, near - OBSERVATION_SEARCH_SLACK_MS)})
+                start = since.get(tp)
+                if start is not None:
+                    consumer.seek(tp, start.offset)
+                    rewind_at = (await consumer.end_offsets([tp]))[tp]
+                else:
+                    await consumer.seek_to_beginning(tp)
                 while value is None:
                     batch = await consumer.getmany(timeout_ms=200)
                     for records in batch.values():
+                        self._observation_records_read += len(records)
                         for record in records:
                             if record.key == key and record.value is not None:
                                 value = record.value
                                 break
+                    if value is None and rewind_at is not None and await consumer.position(tp) >= rewind_at:
+                        rewind_at = None
+                        await consumer.seek_to_beginning(tp)
         except TimeoutError:
             raise TimeoutError(
                 f"observation {observation_id!r} not found on topic {self.topics.observations!r} within {timeout}s"

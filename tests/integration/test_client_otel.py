@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -501,6 +502,39 @@ async def test_get_observation_reads_and_verifies(
             await client.get_observation("f" * 64, timeout=TIMEOUT_S)
         with pytest.raises(TimeoutError, match="not found"):
             await client.get_observation("0" * 64, timeout=1.0)
+
+
+async def test_get_observation_starts_where_its_score_was_decided(
+    kafka_bootstrap: str, topics: TopicsConfig, client: ToolwitnessClient, producer: AIOKafkaProducer
+) -> None:
+    # A long-lived observations topic: 300 older observations (an hour old) before the one a score
+    # names. Kafka's time index takes the search past them; without a score, from the start.
+    obs = Observation(scorable=TraceScorable(trace_ids=(TRACE,)), coverage=Coverage.completed(CompletionSource.MARKER))
+    hour_ago_ms = int(time.time() * 1000) - 3_600_000
+    async with asyncio.timeout(TIMEOUT_S):
+        for i in range(300):
+            await producer.send(topics.observations, value=b"old", key=f"old-{i}".encode(), timestamp_ms=hour_ago_ms)
+        value = encode(observation_to_proto(obs), "protobuf")
+        await producer.send_and_wait(topics.observations, value=value, key=obs.observation_id.encode())
+        ahead_ms = int(time.time() * 1000) + 1_800_000  # a record from a clock half an hour ahead
+        await producer.send_and_wait(topics.observations, value=b"ahead", key=b"ahead", timestamp_ms=ahead_ms)
+        ev = score_event("near")
+        ev.observation_ids.append(obs.observation_id)
+        ev.decided_at.FromMilliseconds(int(time.time() * 1000))
+        await producer.send_and_wait(topics.scores, value=encode(ev, "protobuf"))
+        await client.wait_for("near", timeout=TIMEOUT_S)
+        assert await client.get_observation(obs.observation_id, timeout=TIMEOUT_S) == obs
+        assert client.observation_records_read < 50  # not the 300 before it
+
+    # a time after it was written (a skewed clock): the search from there (the record from the
+    # clock ahead) misses it, then goes on from the start and finds it
+    async with (
+        asyncio.timeout(TIMEOUT_S),
+        ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as fresh,
+    ):
+        later = datetime.now(UTC) + timedelta(minutes=20)
+        assert await fresh.get_observation(obs.observation_id, timeout=TIMEOUT_S, published_after=later) == obs
+        assert fresh.observation_records_read >= 302
 
 
 # --------------------------------------------------------------------------------------------------
