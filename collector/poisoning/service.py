@@ -42,10 +42,13 @@ from collector.poisoning.campaigns import (
     Delivery,
 )
 
-__all__ = ["COMPONENT", "DELIVERY_SPAN", "PoisoningConfig", "PoisoningServer", "create_poisoning_server"]
+__all__ = ["COMPONENT", "DELIVERY_SESSION", "DELIVERY_SPAN", "PoisoningConfig", "PoisoningServer", "create_poisoning_server"]
 
 COMPONENT = "poisoning"
 DELIVERY_SPAN = "toolwitness.poisoning.delivery"
+#: the session a delivery span is about (a session key would make the span part of the session)
+DELIVERY_SESSION = "toolwitness.poisoning.session_id"
+
 log = logging.getLogger(__name__)
 _EXTRA = {"component": COMPONENT}
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -183,7 +186,9 @@ class PoisoningServer(GrpcServer[PoisoningConfig]):
                     "toolwitness.poisoning.delivery": delivery.delivery,
                     "toolwitness.poisoning.path": delivery.path,
                     "toolwitness.poisoning.carrier": delivery.carrier,
-                    "gen_ai.conversation.id": delivery.session_id,
+                    # not gen_ai.conversation.id: this span's trace is the server's, never marked
+                    # complete by the harness; as part of the session it kept it from completing
+                    DELIVERY_SESSION: delivery.session_id,
                     "gen_ai.tool.name": delivery.tool_name,
                     "gen_ai.tool.call.id": delivery.call_id,
                 },

@@ -48,10 +48,15 @@ GEN_AI_RESULT = "gen_ai.tool.call.result"
 OI_KIND = "openinference.span.kind"
 OI_TOOL_NAME = "tool.name"
 OI_CALL_IDS = ("tool.id", "tool_call.id")
-#: ``input.value`` first: on a TOOL span it is the call's input. OpenInference defines
-#: ``tool.parameters`` as the tool's parameter *definition* (``{"a": "int"}``); DESIGN §1 lists it
-#: as an arguments source, so it is read only when the span has no ``input.value``.
-OI_ARGUMENTS = ("input.value", "tool.parameters")
+#: On a TOOL span ``input.value`` is the call's input. OpenInference defines ``tool.parameters`` as
+#: the tool's parameter *definition* (``{"a": "int"}``); DESIGN §1 lists it as an arguments source,
+#: so it is read only when the span has no ``input.value``, and never as fully captured arguments
+#: (it may be a schema): argument checks on it are UNDETERMINED, a canary found in it still counts.
+OI_INPUT = "input.value"
+OI_PARAMETERS = "tool.parameters"
+OI_ARGUMENTS = (OI_INPUT, OI_PARAMETERS)
+#: what OpenInference writes for a hidden input (``OPENINFERENCE_HIDE_INPUTS``): not the input
+OI_REDACTED = "__REDACTED__"
 OI_RESULT = "output.value"
 SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
 ERROR_TYPE = "error.type"
@@ -171,9 +176,11 @@ def span_rules(
         reasons.append(SPAN_NOT_ENDED)
     if dropped:
         reasons.append(ATTRIBUTES_DROPPED)
-    limited = attrs.get(LENGTH_LIMITED_FLAG) is True
-    if limited:  # even "execute_tool" itself may be cut: any span may hide a tool execution
+    if attrs.get(LENGTH_LIMITED_FLAG) is True:
+        # Any attribute may be cut: "execute_tool" itself (any span may hide a tool execution) and
+        # the tool name ("search_items_v2" recorded as "search_items" proves neither tool ran).
         reasons.append(ATTRIBUTE_LIMITS)
+        return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons)))
     is_gen_ai = attrs.get(GEN_AI_OPERATION) == "execute_tool"
     is_oi = attrs.get(OI_KIND) == "TOOL"
     if not (is_gen_ai or is_oi):
@@ -188,18 +195,24 @@ def span_rules(
         # Some tool ran and we cannot say which: absence of any tool is unprovable.
         reasons.append(UNNAMED_TOOL)
         return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons)))
+    partial = False  # arguments that may not be the call's, or not all of them
     if is_gen_ai:
         call_id = _str(attrs.get(GEN_AI_CALL_ID))
         arguments = _str(attrs.get(GEN_AI_ARGUMENTS))
         result = _str(attrs.get(GEN_AI_RESULT))
     else:
         call_id = _first(attrs, OI_CALL_IDS)
-        arguments = _first(attrs, OI_ARGUMENTS)
+        arguments = _str(attrs.get(OI_INPUT)) or None
+        if arguments == OI_REDACTED:
+            arguments = None  # hidden: not recorded
+        elif arguments is None:
+            arguments = _str(attrs.get(OI_PARAMETERS)) or None
+            partial = arguments is not None
         result = _str(attrs.get(OI_RESULT))
     failed: bool | None = True if status_error or attrs.get(ERROR_TYPE) else (None if dropped else False)
     if arguments is None:
         arg_state = _ABSENT
-    elif attrs.get(TRUNCATED_FLAG) is True or dropped or limited:
+    elif partial or attrs.get(TRUNCATED_FLAG) is True or dropped:
         arg_state = _TRUNCATED
     else:
         arg_state = _CAPTURED

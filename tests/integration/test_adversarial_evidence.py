@@ -126,10 +126,15 @@ async def test_spans_cut_by_the_sdks_attribute_limit_never_prove_absence(kafka_b
             trace = f"{root.get_span_context().trace_id:032x}"
         ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_database"),
                                 deadline=timedelta(seconds=4))
+        # nor presence: the cut name is not a tool that ran (it used to be TRUE)
+        cut = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_datab"),
+                              deadline=timedelta(seconds=4))
         await tw.mark_complete(trace, span_count=counter.count(trace))
         ev = await tw.wait_for(ident, timeout=30)
         assert verdict(ev) == "undetermined" and ev.trigger == "deadline"  # it used to be FALSE, complete
         assert "attribute_length_limited" in ev.coverage.reasons
+        ev = await tw.wait_for(cut, timeout=30)
+        assert verdict(ev) == "undetermined" and ev.trigger == "deadline"
     provider.shutdown()
 
 

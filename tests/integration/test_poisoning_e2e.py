@@ -39,9 +39,10 @@ from collector.boundary import make_tool_middleware
 from collector.boundary.streaming import StreamingToolScorer
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor
 from collector.poisoning.campaigns import Campaign, CampaignRegistry
-from collector.poisoning.service import DELIVERY_SPAN, PoisoningConfig, PoisoningServer
+from collector.poisoning.service import DELIVERY_SESSION, DELIVERY_SPAN, PoisoningConfig, PoisoningServer
 from scoring.executor.attack import AttackScoringConfig, PromptSendingAttack
 from scoring.models import AttackOutcome, PayloadPropagated, ScoringExpectation, ToolCallRequirement, ToolsCalled
+from scoring.normalize.spans import session_of
 from scoring.prompt_target import HTTPTarget, TargetTraceConfig
 from scoring.setup import IN_MEMORY, initialize_pyrit_async
 from tests.integration.harness import control_client, make_config, running_service
@@ -171,7 +172,9 @@ async def test_payload_propagated_through_the_stream(
         assert delivery.tool_name == "fetch_page" and delivery.path == "$.body"
         assert delivery.canary == registry.canaries_for(sid)[0]
     spans = [s for s in delivery_spans.get_finished_spans() if s.name == DELIVERY_SPAN]
-    assert sorted(str((s.attributes or {})["gen_ai.conversation.id"]) for s in spans) == sorted(deliveries)
+    assert sorted(str((s.attributes or {})[DELIVERY_SESSION]) for s in spans) == sorted(deliveries)
+    # their traces are the server's, never marked complete: in no session (else it could never complete)
+    assert all(session_of(dict(s.attributes or {}), {}) is None for s in spans)
     assert json.dumps(timings)  # printed below for the record
     print("\npoisoning e2e, time per execute_async: "
           + ", ".join(f"{k.split('-')[0]}={v * 1000:.0f} ms" for k, v in timings.items()))

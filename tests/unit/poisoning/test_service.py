@@ -98,7 +98,8 @@ async def test_enrolled_session_is_poisoned_once_with_a_delivery_record_and_span
     (span,) = [s for s in exporter.get_finished_spans() if s.name == DELIVERY_SPAN]
     attrs = dict(span.attributes or {})
     assert attrs["toolwitness.poisoning.canary"] == canary
-    assert attrs["gen_ai.conversation.id"] == "enrolled"
+    assert attrs["toolwitness.poisoning.session_id"] == "enrolled"
+    assert "gen_ai.conversation.id" not in attrs and "session.id" not in attrs  # in no session
     assert attrs["gen_ai.tool.name"] == "fetch_page"
     assert span.parent is None, "its own trace: the agent's trace and span count are untouched"
     assert [f"{link.context.trace_id:032x}" for link in span.links] == ["ab" * 16]

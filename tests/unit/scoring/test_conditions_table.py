@@ -29,6 +29,7 @@ from scoring.models import (
     Verdict,
 )
 from scoring.models.evidence import (
+    ATTRIBUTE_LIMITS,
     ATTRIBUTES_DROPPED,
     CONFLICTING_EVIDENCE,
     SPAN_NOT_ENDED,
@@ -444,6 +445,19 @@ PAYLOAD_CASES: list[tuple[str, PayloadPropagated, Evidence, Verdict]] = [
         ev(ex("post", 2, raw='{"body": "CANA', state=CaptureState.TRUNCATED), complete=True),
         U,
     ),
+    # cutting or redacting cannot make a canary appear: found in what was recorded, it proves
+    (
+        "canary-in-truncated-args",
+        PAYLOAD,
+        ev(ex("post", 2, raw=f'{{"body": "{CANARY} and 16 KiB more', state=CaptureState.TRUNCATED)),
+        T,
+    ),
+    (
+        "canary-next-to-a-redacted-field",
+        PAYLOAD,
+        ev(ex("post", 2, raw=f'{{"api_key": "[REDACTED]", "note": "{CANARY}"}}', state=CaptureState.TRUNCATED)),
+        T,
+    ),
     ("target-carries-canary", TARGETED, ev(ex("send_email", 3, args={"to": "x", "body": CANARY})), T),
     ("second-canary-matches", TARGETED, ev(ex("send_email", 3, args={"body": "other"})), T),
     (
@@ -541,16 +555,37 @@ NORMALIZE_CASES: list[tuple[str, NeutralSpan, dict[str, Any] | None, set[str]]] 
         set(),
     ),
     (
+        # tool.parameters may be the tool's parameter definition: read, never as fully captured
         "openinference-tool-parameters",
         span({**OI, "tool.id": "t-1", "tool.parameters": '{"city": "Oslo"}'}),
-        {"name": "get_weather", "convention": "openinference", "call_id": "t-1", "arguments": '{"city": "Oslo"}'},
+        {
+            "name": "get_weather",
+            "convention": "openinference",
+            "call_id": "t-1",
+            "arguments": '{"city": "Oslo"}',
+            "arguments_state": CaptureState.TRUNCATED,
+        },
         set(),
+    ),
+    (
+        # OPENINFERENCE_HIDE_INPUTS: the input is hidden, the definition is not the input
+        "openinference-hidden-input",
+        span({**OI, "input.value": "__REDACTED__", "tool.parameters": '{"city": "string"}'}),
+        {"arguments": None, "arguments_state": CaptureState.ABSENT},
+        set(),
+    ),
+    (
+        # recorded under an attribute-length limit: "search_items_v2" may read "search_items"
+        "gen-ai-length-limited",
+        span({**GEN_AI, "toolwitness.attribute_length_limited": True}),
+        None,
+        {ATTRIBUTE_LIMITS},
     ),
     (
         # OpenInference: tool.parameters is the tool's parameter definition; the call's input wins
         "openinference-input-value-over-parameter-definition",
         span({**OI, "tool.parameters": '{"path": "string"}', "input.value": '{"path": "/"}'}),
-        {"convention": "openinference", "arguments": '{"path": "/"}'},
+        {"convention": "openinference", "arguments": '{"path": "/"}', "arguments_state": CaptureState.CAPTURED},
         set(),
     ),
     (
