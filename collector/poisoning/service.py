@@ -42,7 +42,14 @@ from collector.poisoning.campaigns import (
     Delivery,
 )
 
-__all__ = ["COMPONENT", "DELIVERY_SESSION", "DELIVERY_SPAN", "PoisoningConfig", "PoisoningServer", "create_poisoning_server"]
+__all__ = [
+    "COMPONENT",
+    "DELIVERY_SESSION",
+    "DELIVERY_SPAN",
+    "PoisoningConfig",
+    "PoisoningServer",
+    "create_poisoning_server",
+]
 
 COMPONENT = "poisoning"
 DELIVERY_SPAN = "toolwitness.poisoning.delivery"
