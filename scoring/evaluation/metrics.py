@@ -3,10 +3,10 @@
 Pure functions over plain numbers; :mod:`scoring.evaluation.evaluator` feeds them.
 Conventions (``docs/evaluation.md`` has the full table):
 
-* Gold labels, as PyRIT: objective = majority of the human raters (a tie is False);
-  harm = median of the human scores.
+* Gold labels, as PyRIT's ``ScorerEvaluator``: objective = majority of the human raters (a
+  tie is False); harm = mean of the human scores.
 * Scorer prediction per response: objective = majority of the *determined* trials (a tie
-  is False); harm = median of the determined trials. A trial that is UNDETERMINED is
+  is False); harm = mean of the determined trials. A trial that is UNDETERMINED is
   never read as False or 0: it is counted (``num_undetermined_scores``,
   ``undetermined_fraction``), and a response with no determined trial at all is left out
   of every error statistic and counted in ``num_undetermined_responses``.
@@ -288,10 +288,10 @@ def compute_harm_metrics(
     multi_rater = num_raters > 1
     items: list[ItemResult] = []
     for i, scores in enumerate(human_scores):
-        gold = float(np.median(scores))
+        gold = float(np.mean(scores))
         values = tuple(t[i] for t in trials)
         decided = [float(v) for v in values if v is not None]
-        prediction = float(np.median(decided)) if decided else None
+        prediction = float(np.mean(decided)) if decided else None
         error: float | None = None
         if prediction is not None:
             error = abs(prediction - gold)

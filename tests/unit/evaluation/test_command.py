@@ -71,9 +71,11 @@ def test_harm_eval_prints_the_unanimous_contested_split(app: typer.Typer, config
     assert "violence_keywords — KeywordHarmScorer" in out
     assert "MAE ± std. error" in out and "Baseline MAE (median guess)" in out
     assert "Krippendorff α humans (ordinal)" in out
-    # 8 responses; the raters split across 0.5 on 3 of them (data rows 2, 5 and 7)
-    assert "Unanimous responses (MAE), threshold 0.50" in out and " 5 (0.0000) │" in out
-    assert "Contested responses (MAE), threshold 0.50" in out and " 3 (0.0000) │" in out
+    # 8 responses; the raters split across 0.5 on 3 of them (data rows 2, 5 and 7). Gold = mean of
+    # the raters: unanimous errors 0, 1/12 (bat: 1 vs 11/12), 1/12 (crash: 0 vs 1/12), 0, 0;
+    # contested 0, 0, 1/12 (glass: 0.25 vs 1/3)
+    assert "Unanimous responses (MAE), threshold 0.50" in out and " 5 (0.0333) │" in out
+    assert "Contested responses (MAE), threshold 0.50" in out and " 3 (0.0278) │" in out
     assert "evaluated now" in out
 
 

@@ -62,12 +62,14 @@ async def test_harm_evaluation_from_glob(tmp_path: Path) -> None:
     assert isinstance(m, HarmScorerMetrics)
     assert m.harm_category == "violence" and m.harm_definition == "violence.yaml"
     assert m.num_human_raters == 3 and m.num_undetermined_responses == 1
-    # gold medians: 0, .5, 1, (.0 undetermined), .5, 0, .25, 0; predictions 0, .5, 1, -, .5, 0, .25, 0
-    assert m.mean_absolute_error == 0.0
+    # gold means: 0, 1/2, 11/12, (1/12 undetermined), 1/2, 0, 1/3, 0
+    # predictions:  0, 1/2, 1,     -,                  1/2, 0, 1/4, 0  → |e| 1/12 twice
+    assert m.mean_absolute_error == pytest.approx(2 / 12 / 7)
     assert (m.num_unanimous_responses, m.num_contested_responses) == (4, 3)
-    assert m.mean_absolute_error_contested == 0.0
-    # constant guess = median of the decided golds (0, .5, 1, .5, 0, .25, 0) = 0.25
-    assert m.baseline_mean_absolute_error == pytest.approx((0.25 + 0.25 + 0.75 + 0.25 + 0.25 + 0 + 0.25) / 7)
+    assert m.mean_absolute_error_unanimous == pytest.approx(1 / 12 / 4)
+    assert m.mean_absolute_error_contested == pytest.approx(1 / 12 / 3)
+    # constant guess = median of the decided golds (0, 0, 0, 1/3, 1/2, 1/2, 11/12) = 1/3
+    assert m.baseline_mean_absolute_error == pytest.approx((1 / 3 + 1 / 6 + 7 / 12 + 1 / 6 + 1 / 3 + 0 + 1 / 3) / 7)
     assert m.items is not None and m.items[3].prediction is None
 
 
@@ -79,7 +81,7 @@ async def test_trials_are_aggregated_per_response(tmp_path: Path) -> None:
         scorer, HARM, num_scorer_trials=3, update_registry_behavior=NEVER, registry_path=tmp_path / "r.jsonl"
     )
     assert isinstance(m, HarmScorerMetrics)
-    assert m.items is not None and all(it.prediction == 0.0 for it in m.items)  # median of 0, 0, 1
+    assert m.items is not None and all(it.prediction == pytest.approx(1 / 3) for it in m.items)  # mean of 0, 0, 1
     assert m.krippendorff_alpha_model is not None
 
 

@@ -100,38 +100,49 @@ def test_shape_errors() -> None:
 
 
 HUMAN: list[list[float]] = [
-    [0.0, 0.0, 0.25],  # gold 0.0, unanimous (all < 0.5)
-    [0.75, 0.5, 0.25],  # gold 0.5, contested
-    [1.0, 1.0, 0.75],  # gold 1.0, unanimous
-    [0.25, 0.5, 0.5],  # gold 0.5, contested
+    [0.0, 0.0, 0.25],  # gold (mean, as PyRIT) 1/12, unanimous (all < 0.5)
+    [0.75, 0.5, 0.25],  # gold 1/2, contested
+    [1.0, 1.0, 0.75],  # gold 11/12, unanimous
+    [0.25, 0.5, 0.5],  # gold 5/12, contested
 ]
 TRIALS: list[list[float | None]] = [
     [0.0, 0.25, 0.75, 0.5],
     [0.25, 0.25, 0.75, None],
 ]
-# model (median of determined trials): 0.125, 0.25, 0.75, 0.5
-# differences: +0.125, -0.25, -0.25, 0.0 → |e| = 0.125, 0.25, 0.25, 0.0
+# model (mean of determined trials): 0.125, 0.25, 0.75, 0.5
+# differences, in 24ths: +1, -6, -4, +2 → |e| = 1, 6, 4, 2 (24ths)
 
 
 def test_harm_metrics_hand_computed() -> None:
     m = compute_harm_metrics(HUMAN, TRIALS, harm_category="violence", dataset_version="1.0")
-    assert m.mean_absolute_error == pytest.approx(0.625 / 4)
-    # population std of |e| (PyRIT): mean 0.15625, squared deviations sum 0.04296875
-    assert m.mae_standard_error == pytest.approx(math.sqrt(0.04296875 / 4) / 2)
-    # constant guess = median gold 0.5 → |gold - 0.5| = 0.5, 0, 0.5, 0
-    assert m.baseline_mean_absolute_error == pytest.approx(0.25)
-    # differences have mean -0.09375 and sample sd exactly 0.1875 → t = -1 with 3 df
-    assert m.t_statistic == pytest.approx(-1.0)
-    assert m.p_value == pytest.approx(2 * stats.t.sf(1.0, 3))
+    assert m.mean_absolute_error == pytest.approx(13 / 96)
+    # population std of |e| (PyRIT): mean 3.25/24, squared deviations sum 14.75/576
+    assert m.mae_standard_error == pytest.approx(math.sqrt(14.75 / 4) / 24 / 2)
+    # constant guess = median gold (5/12 + 1/2) / 2 = 11/24 → |gold - 11/24| = 9, 1, 11, 1 (24ths)
+    assert m.baseline_mean_absolute_error == pytest.approx(22 / 96)
+    diffs = [1 / 24, -6 / 24, -4 / 24, 2 / 24]
+    t = stats.ttest_1samp(diffs, 0)
+    assert m.t_statistic == pytest.approx(t.statistic) and m.t_statistic == pytest.approx(-0.906, abs=1e-3)
+    assert m.p_value == pytest.approx(t.pvalue)
     assert m.contested_threshold == 0.5
     assert (m.num_unanimous_responses, m.num_contested_responses) == (2, 2)
-    assert m.mean_absolute_error_unanimous == pytest.approx((0.125 + 0.25) / 2)
-    assert m.mean_absolute_error_contested == pytest.approx((0.25 + 0.0) / 2)
+    assert m.mean_absolute_error_unanimous == pytest.approx((1 + 4) / 24 / 2)
+    assert m.mean_absolute_error_contested == pytest.approx((6 + 2) / 24 / 2)
     assert m.num_undetermined_scores == 1 and m.undetermined_fraction == pytest.approx(1 / 8)
     assert m.num_undetermined_responses == 0
     assert m.items is not None and [it.prediction for it in m.items] == [0.125, 0.25, 0.75, 0.5]
+    assert [it.gold for it in m.items] == pytest.approx([1 / 12, 1 / 2, 11 / 12, 5 / 12])
     assert [it.contested for it in m.items] == [False, True, False, True]
     assert m.harm_category == "violence" and m.krippendorff_level == "ordinal"
+
+
+def test_harm_gold_and_prediction_are_means_as_pyrit() -> None:
+    # PyRIT's HarmScorerEvaluator: gold = mean of the human scores, model = mean of the trials.
+    # Three raters 0, 0, 0.75 and trials 0, 0.75: mean gold 0.25, mean prediction 0.375 (a
+    # median would say 0 and 0.375).
+    m = compute_harm_metrics([[0.0, 0.0, 0.75]], [[0.0], [0.75]])
+    assert m.items is not None and (m.items[0].gold, m.items[0].prediction) == (0.25, 0.375)
+    assert m.mean_absolute_error == pytest.approx(0.125)
 
 
 def test_harm_alphas_use_all_rows_with_undetermined_missing() -> None:
@@ -159,7 +170,7 @@ def test_single_rater_single_trial() -> None:
 def test_harm_response_without_determined_trial_is_left_out() -> None:
     m = compute_harm_metrics([[0.0, 0.0], [1.0, 1.0]], [[None, 1.0], [None, 0.5]])
     assert m.num_undetermined_responses == 1
-    assert m.mean_absolute_error == pytest.approx(0.25)  # only response 1: median(1.0, 0.5) = 0.75
+    assert m.mean_absolute_error == pytest.approx(0.25)  # only response 1: mean(1.0, 0.5) = 0.75
     assert m.num_unanimous_responses == 1 and m.mean_absolute_error_contested is None
     assert m.t_statistic is None and m.p_value is None  # one difference
 
@@ -194,4 +205,4 @@ def test_to_dict_drops_in_memory_fields_and_non_finite() -> None:
     data = m.to_dict()
     assert "items" not in data and "source" not in data
     assert data["average_score_time_seconds"] is None
-    assert data["mean_absolute_error"] == pytest.approx(0.15625)
+    assert data["mean_absolute_error"] == pytest.approx(13 / 96)
