@@ -42,7 +42,7 @@ from collector.processors.completion import WatermarkTracker
 from collector.processors.decide import Outcome, scope_bytes_bound
 from collector.processors.normalize import rejected_fact
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
-from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts
+from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts, record_tenants
 from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
 from collector.wire.convert import (
     ControlDecodeError,
@@ -130,10 +130,10 @@ class Checkpoint:
                     decoded = decode_span_facts(value, _headers(rec), self.cfg, max_arg)
                 except RecordDecodeError as exc:
                     dead.append(self._dead(rec, exc.reason, exc.detail))
-                    lost = self._lost_trace(rec)
-                    if lost is not None:
-                        # Its spans are unreadable but its trace is known from the key: that
-                        # trace can never be complete now, so its absence is never FALSE.
+                    # Its spans are unreadable but its trace is known from the key: that trace
+                    # (of each tenant the record names) can never be complete now, so its absence
+                    # is never FALSE.
+                    for lost in self._lost_traces(rec):
                         placeholder = rejected_fact(f"unreadable-{rec.partition}-{rec.offset}")
                         groups.setdefault(lost, []).append(placeholder)
                     continue
@@ -334,19 +334,15 @@ class Checkpoint:
         except ControlDecodeError as exc:
             dead.append(self._dead(rec, exc.reason, exc.detail))
 
-    def _lost_trace(self, rec: ConsumerRecord[bytes, bytes]) -> tuple[str, str] | None:
+    def _lost_traces(self, rec: ConsumerRecord[bytes, bytes]) -> list[tuple[str, str]]:
         """(tenant, trace id) of an unreadable record keyed by trace id, as producers partitioning
-        by trace do (the Collector's kafkaexporter, KafkaSpanExporter); None otherwise."""
+        by trace do (the Collector's kafkaexporter, KafkaSpanExporter), for each tenant it names
+        (header, else its resources' tenant attribute); [] for a record keyed otherwise."""
         key = rec.key or b""
         if len(key) != 32 or not _HEX.fullmatch(key):
-            return None
-        tenant = self.cfg.tenant.default
-        for k, v in _headers(rec):
-            if k == self.cfg.tenant.header:
-                tenant = v.decode("utf-8", "replace")
-        if not TENANT_RE.fullmatch(tenant):
-            return None
-        return tenant, key.decode()
+            return []
+        tenants = record_tenants(rec.value or b"", _headers(rec), self.cfg)
+        return [(t, key.decode()) for t in sorted(tenants) if TENANT_RE.fullmatch(t)]
 
     def _dead(self, rec: ConsumerRecord[bytes, bytes], reason: str, detail: str) -> DeadLetter:
         log.warning(

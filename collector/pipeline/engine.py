@@ -46,6 +46,9 @@ class Published:
     resent: bool
 
 
+#: verdicts a late span can revise (decided on a completion claim); UNDETERMINED is final
+_DECIDED = frozenset({Verdict.TRUE.value, Verdict.FALSE.value})
+
 class Engine:
     name = "pipeline/engine"
 
@@ -123,7 +126,10 @@ class Engine:
             verdict, rationale, meta = await self.decider.judge(exp, obs, final=final)
             if k in work.revisions:
                 prev = await self.store.get_decision(exp.tenant, exp.expectation_id)
-                if prev is None or prev.verdict != Verdict.FALSE.value or verdict is Verdict.FALSE:
+                # A completion claim broke: whatever was decided on it and is not what the evidence
+                # says now is revised -- FALSE, and TRUE alike ("never ran", max_count, an exact
+                # order are TRUE only on complete evidence). UNDETERMINED is final.
+                if prev is None or prev.verdict not in _DECIDED or verdict.value == prev.verdict:
                     continue
                 meta["revises_version"] = str(prev.version)
                 outcomes.append(
@@ -188,10 +194,16 @@ class Engine:
             for t in o.expectation.trace_ids()
         }
         await self.store.settle(decided, finished, now_ms, reclaim)
-        # Lost to a FALSE while this evaluation says otherwise (new evidence arrived between that
-        # decision and its settle, so the trace's decided set did not know it yet): revise it.
+        # Lost to a decision this evaluation contradicts (new evidence arrived between that decision
+        # and its settle, so the trace's decided set did not know it yet): revise it. A FALSE, or a
+        # TRUE when this evaluation's FALSE rests on presence alone (incomplete coverage: no later
+        # evidence undoes it, while that TRUE needed complete coverage).
         for o, d in zip(outcomes, decisions, strict=True):
-            if not d.won and d.verdict == Verdict.FALSE.value and o.verdict is not Verdict.FALSE and o.version == 1:
+            if d.won or o.version != 1:
+                continue
+            if (d.verdict == Verdict.FALSE.value and o.verdict is not Verdict.FALSE) or (
+                d.verdict == Verdict.TRUE.value and o.verdict is Verdict.FALSE and not o.observation.coverage.complete
+            ):
                 self.contradicted.add((o.expectation.tenant, o.expectation.expectation_id))
         sent: list[Published] = []
         for o, d in zip(outcomes, decisions, strict=True):

@@ -338,7 +338,7 @@ class TraceStateStore:
         assert self._mark is not None
         c = self.cfg.completion
         raw = await self._mark(
-            keys=[self.k.state(tenant, trace_id)],
+            keys=[self.k.state(tenant, trace_id), self.k.tombstone(tenant, trace_id)],
             args=[
                 self.ttl_ms,
                 -1 if span_count is None else span_count,
@@ -381,7 +381,11 @@ class TraceStateStore:
         assert self._index is not None
         cmds = Commands()
         for trace in exp.trace_ids():
-            cmds.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "add", 0, exp.expectation_id])
+            cmds.evalsha(
+                self._index,
+                [self.k.state(exp.tenant, trace), self.k.tombstone(exp.tenant, trace)],
+                [self.ttl_ms, "add", 0, exp.expectation_id],
+            )
         session = None if exp.trace_ids() else getattr(exp.scope, "session_id", None)
         if session is not None:
             cmds.add("SADD", self.k.session_pending(exp.tenant, session), exp.expectation_id)
@@ -549,14 +553,19 @@ class TraceStateStore:
         await self._execute(cmds)
 
     async def reclaim(self, traces: Sequence[tuple[str, str]]) -> None:
-        """Shorten the life of complete, decided traces' state (never lengthen it: PEXPIRE LT)."""
+        """Shorten the life of complete, decided traces' state (never lengthen it: PEXPIRE LT),
+        leaving their tombstone (a span after it is late; an expectation registered after it
+        finds the evidence gone). A trace something is still pending on keeps its life."""
         if not traces:
             return
+        assert self._index is not None
         ms = self.cfg.redis.completed_ttl_seconds * 1000
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for tenant, trace in traces:
-                pipe.execute_command("PEXPIRE", self.k.state(tenant, trace), ms, "LT")
-            await pipe.execute()
+        cmds = Commands()
+        for tenant, trace in traces:
+            cmds.evalsha(
+                self._index, [self.k.state(tenant, trace), self.k.tombstone(tenant, trace)], [self.ttl_ms, "done", ms]
+            )
+        await self._execute(cmds)
 
     async def restore_decision(
         self, tenant: str, expectation_id: str, version: int, score_id: str, event: bytes, verdict: str

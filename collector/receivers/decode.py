@@ -11,7 +11,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +144,84 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
         first = out.rejected[0]
         raise RecordDecodeError(first[2], first[3])
     return out
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, start, end) of each length-delimited field of one protobuf message; other
+    wire types are skipped. Raises ValueError on bytes that are not protobuf."""
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        field_no, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, pos = _varint(buf, pos, end)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            n, pos = _varint(buf, pos, end)
+            if pos + n > end:
+                raise ValueError("truncated field")
+            yield field_no, pos, pos + n
+            pos += n
+        else:
+            raise ValueError(f"wire type {wire}")
+    if pos != end:
+        raise ValueError("truncated message")
+
+
+def record_tenants(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: ServiceConfig) -> set[str]:
+    """The tenants of a span record that will not be decoded (too large, unparseable): its header,
+    else the resource attribute of each of its resources, read from the protobuf's framing
+    without parsing its spans (what is unreadable names the default tenant)."""
+    for k, v in headers:
+        if k == cfg.tenant.header:
+            return {v.decode("utf-8", "replace")}
+    attribute = cfg.tenant.resource_attribute.encode()
+    if not attribute or cfg.kafka.encoding != "otlp_proto":
+        return {cfg.tenant.default}
+    tenants: set[str] = set()
+    try:
+        for f, a, b in _fields(value, 0, len(value)):  # ExportTraceServiceRequest.resource_spans
+            if f != 1:
+                continue
+            tenant = cfg.tenant.default
+            for g, c, d in _fields(value, a, b):  # ResourceSpans.resource
+                if g != 1:
+                    continue
+                for h, kv_start, kv_end in _fields(value, c, d):  # Resource.attributes (KeyValue)
+                    if h != 1:
+                        continue
+                    key = None
+                    text = ""
+                    for i, x, y in _fields(value, kv_start, kv_end):
+                        if i == 1:
+                            key = value[x:y]
+                        elif i == 2:  # AnyValue: string_value (1) as is, bytes_value (7) in hex
+                            for j, u, w in _fields(value, x, y):
+                                if j == 1:
+                                    text = value[u:w].decode("utf-8", "replace")
+                                elif j == 7:
+                                    text = value[u:w].hex()
+                    if key == attribute:  # a repeated key: the last one counts, as in decoding
+                        tenant = text or cfg.tenant.default
+            tenants.add(tenant)
+    except ValueError:
+        return {cfg.tenant.default}
+    return tenants or {cfg.tenant.default}
 
 
 @dataclass(slots=True)

@@ -9,19 +9,7 @@
 -- Returns {summary, state}: summary JSON {new, ds (spans dropped by the limit), dx (executions
 --   dropped), n, late, root_end, pend=[...], dec=[...] (only when late), sess=[...]}; state the
 --   trace's state JSON when it has pending or (late) decided expectations, else ""
-local raw = redis.call('GET', KEYS[1])
-local st
-if raw then
-  st = load_state(raw)
-else
-  st = new_state()
-  local gone = redis.call('GET', KEYS[2])
-  if gone then
-    -- The trace was complete and decided, and its state reclaimed: every span now is late.
-    st.l = 1
-    for _, id in ipairs(cjson.decode(gone)) do st.de[id] = 1 end
-  end
-end
+local st, raw = load_or_new(KEYS[1], KEYS[2])
 local facts = cjson.decode(ARGV[2])
 local max_spans = tonumber(ARGV[3])
 local max_execs = tonumber(ARGV[4])

@@ -1,19 +1,13 @@
 -- Index an expectation on one trace's state: add it as pending, move it to decided, or drop it.
 -- Kept inside the trace's own JSON state (one key, one Cluster slot, no per-trace sets).
--- KEYS[1] state  KEYS[2] the trace's tombstone (optional)
+-- KEYS[1] state  KEYS[2] the trace's tombstone (read when the state is gone: see load_or_new)
 -- ARGV[1] ttl ms: the life of a state created here; 'add' and 'touch' also give an existing
 --   state at least that much life left (a pending expectation's evidence must outlive its
 --   deadline, which is at most the ttl away)  ARGV[2] op: add|touch|done|drop
 -- ARGV[3] reclaim ms: > 0 shortens the state's life to at most that (PEXPIRE LT; the trace is
 --   complete and decided), 0 leaves it  ARGV[4..] ids
-local raw = redis.call('GET', KEYS[1])
-local st
-if raw then
-  st = load_state(raw)
-else
-  if ARGV[2] ~= 'add' then return 0 end
-  st = new_state()
-end
+local st, raw = load_or_new(KEYS[1], KEYS[2])
+if not raw and ARGV[2] ~= 'add' then return 0 end
 local renew = ARGV[2] == 'add' or ARGV[2] == 'touch'
 
 for i = 4, #ARGV do
@@ -41,7 +35,9 @@ else
   redis.call('SET', KEYS[1], dump_state(st), 'PX', ARGV[1])
 end
 local reclaim = tonumber(ARGV[3])
-if reclaim > 0 then
+-- Only a trace nothing is pending on any more: another expectation still judged on it needs its
+-- evidence until its own deadline.
+if reclaim > 0 and next(st.pe) == nil then
   redis.call('PEXPIRE', KEYS[1], reclaim, 'LT')
   -- What outlives the reclaimed state: that the trace was complete and which expectations were
   -- decided on it, so a span arriving after the state is gone is late and revises them.

@@ -1,15 +1,13 @@
 -- Record a completion marker on one trace's state.
--- KEYS[1] state (holds the pending `pe` and decided `de` expectation ids)
+-- KEYS[1] state (holds the pending `pe` and decided `de` expectation ids)  KEYS[2] its tombstone
 -- ARGV[1] ttl ms  ARGV[2] span count (-1 = unknown)  ARGV[3] marker event time ms
 -- ARGV[4] global watermark ms  ARGV[5] allowed lateness ms  ARGV[6] inferred completion (1/0)
--- Returns JSON {pend=[...], dec=[...], sess=[the trace's sessions], ls=[its sessions, if late], state=<json>}
-local raw = redis.call('GET', KEYS[1])
-local st
-if raw then
-  st = load_state(raw)
-else
-  st = new_state()
-end
+-- Returns JSON {pend=[...], dec=[...], sess=[the trace's sessions], ls=[its sessions, if this marker
+--   made it late], state=<json>}
+local st, raw = load_or_new(KEYS[1], KEYS[2])
+-- Already late (a late span, or a state recreated from its tombstone): what was decided on it was
+-- re-judged then; a marker sent again is no new evidence.
+local was_late = st.l == 1
 local count = tonumber(ARGV[2])
 local wm = tonumber(ARGV[4])
 local lateness = tonumber(ARGV[5])
@@ -35,5 +33,5 @@ else
 end
 local dec = {}
 local late_sessions = {}
-if st.l == 1 then dec = keys_of(st.de); late_sessions = keys_of(st.ss) end
+if st.l == 1 and not was_late then dec = keys_of(st.de); late_sessions = keys_of(st.ss) end
 return cjson.encode({pend = keys_of(st.pe), dec = dec, sess = keys_of(st.ss), ls = late_sessions, state = encoded})

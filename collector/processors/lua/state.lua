@@ -9,6 +9,22 @@ local function load_state(raw)
   for _, k in ipairs({'s', 'x', 'r', 'p', 'ss', 'pe', 'de'}) do st[k] = st[k] or {} end
   return st
 end
+-- A trace's state, or a new one. A new one for a trace whose state was reclaimed (complete and
+-- decided: its tombstone lists the decided ids) starts late -- every span now is late and its
+-- decided expectations are revised -- and with its evidence gone: absence is never provable on it
+-- again (a re-sent marker or retried export must not "complete" what is left).
+local function load_or_new(state_key, tomb_key)
+  local raw = redis.call('GET', state_key)
+  if raw then return load_state(raw), true end
+  local st = new_state()
+  local gone = tomb_key and redis.call('GET', tomb_key)
+  if gone then
+    st.l = 1
+    st.r['retention_expired'] = 1
+    for _, id in ipairs(cjson.decode(gone)) do st.de[id] = 1 end
+  end
+  return st, false
+end
 local function dump_state(st)
   local out = {}
   for k, v in pairs(st) do

@@ -28,9 +28,16 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from collector.bench import make_traces
 from collector.config import ServiceConfig, load_config
 from collector.processors.normalize import short_id, span_fact
-from collector.receivers.decode import RecordDecodeError, decode_span_facts, decode_span_record
+from collector.receivers.decode import (
+    TENANT_RE,
+    RecordDecodeError,
+    decode_span_facts,
+    decode_span_record,
+    record_tenant,
+    record_tenants,
+)
 from scoring.models.evidence import ATTRIBUTES_DROPPED, CONFLICTING_EVIDENCE, SPAN_NOT_ENDED, SPAN_UNSAMPLED
-from scoring.normalize.spans import FACT_KEYS, UNNAMED_TOOL
+from scoring.normalize.spans import FACT_KEYS, UNNAMED_TOOL, otlp_attributes
 from tests.unit.fuzz import strategies as fuzz
 
 DIFF = settings(
@@ -520,3 +527,24 @@ def test_with_the_resource_attribute_off_the_agent_names_no_tenant(encoding: str
     # the header still names it (e.g. stamped by `toolwitness sidecar --tenant`)
     _, facts, _ = assert_same(value, [("toolwitness-tenant", b"globex")], cfg)
     assert {tenant for tenant, *_ in facts} == {"globex"}
+
+
+@DIFF
+@given(rec=records(), cut=st.integers(min_value=0, max_value=400))
+def test_the_tenants_of_an_unread_record_are_those_decoding_gives(
+    rec: tuple[bytes, list[tuple[str, bytes]]], cut: int
+) -> None:
+    """A record dropped unread (too large) still marks its trace for each tenant it names: read
+    from the framing alone, the tenants a full parse gives (a tenant that is no tenant name -- a
+    list or map value -- may read as the default one: one more trace marked, never one less);
+    bytes that are not protobuf name the default tenant."""
+    value, headers = rec
+    cfg = config()
+    req = ExportTraceServiceRequest.FromString(value)
+    want = {record_tenant(headers, otlp_attributes(rs.resource.attributes), cfg) for rs in req.resource_spans}
+    valid = {t for t in want if TENANT_RE.fullmatch(t)}
+    got = {t for t in record_tenants(value, headers, cfg) if TENANT_RE.fullmatch(t)}
+    assert valid <= got and got - valid <= {"default"}
+    if valid == want:
+        assert got == want
+    assert record_tenants(b"\xff\xff\xff" + value[:cut], [], cfg) == {"default"}
