@@ -126,15 +126,36 @@ class Engine:
             verdict, rationale, meta = await self.decider.judge(exp, obs, final=final)
             if k in work.revisions:
                 prev = await self.store.get_decision(exp.tenant, exp.expectation_id)
-                # A completion claim broke: whatever was decided on it and is not what the evidence
-                # says now is revised -- FALSE, and TRUE alike ("never ran", max_count, an exact
-                # order are TRUE only on complete evidence). UNDETERMINED is final.
-                if prev is None or prev.verdict not in _DECIDED or verdict.value == prev.verdict:
+                if prev is None:
+                    continue
+                if verdict.value == prev.verdict:
+                    if not prev.published and prev.version > 1:
+                        # A revision decided but not sent (the process died, or Redis failed,
+                        # before its settle): the lost compare-and-set re-sends the stored bytes.
+                        outcomes.append(
+                            self.decider.outcome(
+                                exp, obs, verdict, rationale, meta, version=prev.version, trigger="revision", now=now
+                            )
+                        )
+                    continue
+                # A completion claim broke: what was decided on it and is not what the evidence says
+                # now is revised -- FALSE and TRUE alike ("never ran", max_count, an exact order are
+                # TRUE only on complete evidence). An UNDETERMINED from a revision is revised again
+                # when evidence decides it before the deadline; one from the deadline is final.
+                if prev.verdict not in _DECIDED and (prev.version == 1 or now_ms >= exp.deadline_ms):
                     continue
                 meta["revises_version"] = str(prev.version)
                 outcomes.append(
                     self.decider.outcome(
-                        exp, obs, verdict, rationale, meta, version=prev.version + 1, trigger="revision", now=now
+                        exp,
+                        obs,
+                        verdict,
+                        rationale,
+                        meta,
+                        version=prev.version + 1,
+                        trigger="revision",
+                        now=now,
+                        revisable=verdict is Verdict.UNDETERMINED and now_ms < exp.deadline_ms,
                     )
                 )
                 continue
@@ -143,8 +164,11 @@ class Engine:
             trigger = work.pending.get(k, "deadline" if final else "span")
             if verdict is Verdict.UNDETERMINED and now_ms >= exp.deadline_ms:
                 trigger = "deadline"
+            revisable = await self.decider.needs_completion(exp, obs, verdict, final=final)
             outcomes.append(
-                self.decider.outcome(exp, obs, verdict, rationale, meta, version=1, trigger=trigger, now=now)
+                self.decider.outcome(
+                    exp, obs, verdict, rationale, meta, version=1, trigger=trigger, now=now, revisable=revisable
+                )
             )
         return outcomes
 
@@ -180,8 +204,8 @@ class Engine:
                 )
                 if o.trigger == "revision":
                     REVISIONS.labels(self.name).inc()
-                final = o.verdict is Verdict.UNDETERMINED or o.trigger == "revision"
-                (finished if final else decided).append(o.expectation)
+                # Only a verdict that rests on the completion claim keeps watching its traces.
+                (decided if o.revisable else finished).append(o.expectation)
                 # Decided: off the hot cache (a late-span revision reloads it from Redis). Every
                 # cached expectation is long-lived heap the cyclic collector keeps re-scanning.
                 self.forget(o.expectation.tenant, o.expectation.expectation_id)

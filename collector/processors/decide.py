@@ -161,6 +161,10 @@ class Outcome:
     event: score_pb2.ScoreEvent
     observation: score_pb2.Observation
     trigger: str
+    #: the verdict rests on the completion claim (complete coverage was needed for it), so a span
+    #: that breaks the claim may change it: the expectation keeps watching its traces. A verdict
+    #: evidence alone proves (presence) never changes; UNDETERMINED at the deadline is final.
+    revisable: bool = False
 
 
 class Decider:
@@ -270,6 +274,18 @@ class Decider:
             }
         )
 
+    async def needs_completion(
+        self, exp: RegisteredExpectation, observation: Observation, verdict: Verdict, *, final: bool
+    ) -> bool:
+        """Whether ``verdict`` rests on the observation's complete coverage: judged again as if
+        coverage were incomplete, it is not the same (e.g. "never ran", max_count). A verdict
+        decided on incomplete coverage rests on evidence alone (monotonicity)."""
+        if verdict is Verdict.UNDETERMINED or not observation.coverage.complete:
+            return False
+        partial = observation.model_copy(update={"coverage": _incomplete(frozenset({LATE_SPAN}))})
+        again, _, _ = await self.judge(exp, partial, final=final)
+        return again is not verdict
+
     async def judge(
         self, exp: RegisteredExpectation, observation: Observation, *, final: bool
     ) -> tuple[Verdict, str, dict[str, str]]:
@@ -296,6 +312,7 @@ class Decider:
         version: int,
         trigger: str,
         now: datetime,
+        revisable: bool = False,
     ) -> Outcome:
         sid = score_id_for(exp.tenant, exp.expectation_id, version)
         # The id is computed here, once, for the observations that get published (not by copying
@@ -321,4 +338,4 @@ class Decider:
         )
         set_timestamp(ev.decided_at, now)
         set_duration(ev.time_to_verdict, max(now - datetime.fromtimestamp(exp.created_ms / 1000, UTC), _ZERO))
-        return Outcome(exp, verdict, version, sid, ev, obs, trigger)
+        return Outcome(exp, verdict, version, sid, ev, obs, trigger, revisable)

@@ -36,8 +36,9 @@ else
 end
 local reclaim = tonumber(ARGV[3])
 -- Only a trace nothing is pending on any more: another expectation still judged on it needs its
--- evidence until its own deadline.
-if reclaim > 0 and next(st.pe) == nil then
+-- evidence until its own deadline. A trace of a session is never reclaimed: the session's
+-- expectations (indexed under the session, not here) read it until the session is complete.
+if reclaim > 0 and next(st.pe) == nil and next(st.ss) == nil then
   redis.call('PEXPIRE', KEYS[1], reclaim, 'LT')
   -- What outlives the reclaimed state: that the trace was complete and which expectations were
   -- decided on it, so a span arriving after the state is gone is late and revises them.
