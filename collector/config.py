@@ -45,6 +45,18 @@ class TopicsConfig(_Section):
     observations: str = "toolwitness.observations"
     dlq: str = "toolwitness.dlq"
 
+    @model_validator(mode="after")
+    def _distinct(self) -> TopicsConfig:
+        # One topic in two roles loops: a dead letter written to the spans topic is read, refused
+        # and dead-lettered again, forever; a score read as spans is a bad record, and so on.
+        seen: dict[str, str] = {}
+        for role in ("spans", "control", "scores", "observations", "dlq"):
+            name = getattr(self, role)
+            if name in seen:
+                raise ValueError(f"{seen[name]} and {role} are the same topic {name!r}: each role needs its own topic")
+            seen[name] = role
+        return self
+
 
 class KafkaSecurityConfig(_Section):
     protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -54,6 +66,19 @@ class KafkaSecurityConfig(_Section):
     ssl_cafile: str = ""
     ssl_certfile: str = ""
     ssl_keyfile: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSecurityConfig:
+        """Settings the protocol would not use are a mistake, not something to ignore."""
+        sasl = self.protocol.startswith("SASL_")
+        if sasl and not self.sasl_mechanism:
+            raise ValueError(f"sasl_mechanism must be set for protocol {self.protocol}")
+        if not sasl and self.sasl_mechanism:
+            raise ValueError(f"sasl_mechanism {self.sasl_mechanism} is set but protocol {self.protocol} uses no SASL")
+        files = [f for f in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, f)]
+        if files and not self.protocol.endswith("SSL"):
+            raise ValueError(f"{', '.join(files)} set but protocol {self.protocol} uses no TLS (SSL or SASL_SSL)")
+        return self
 
 
 class KafkaConfig(_Section):
@@ -193,6 +218,16 @@ _SHORTHANDS = {
 log = logging.getLogger("toolwitness.config")
 
 
+def _merged(base: Any, override: Any) -> Any:
+    """``override`` on top of ``base``: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = _merged(base.get(k), v)
+        return out
+    return override
+
+
 def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     node = tree
     for part in path[:-1]:
@@ -200,7 +235,9 @@ def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{'.'.join(path)}: cannot set below non-mapping key {part!r}")
         node = child
-    node[path[-1]] = value
+    # A mapping (TOOLWITNESS_KAFKA__TOPICS='{"spans": "x"}') overrides the keys it names; the
+    # file's others stay (replacing the section would silently bring back their defaults).
+    node[path[-1]] = _merged(node.get(path[-1]), value)
 
 
 def _leaf_type(path: tuple[str, ...]) -> Any:

@@ -202,6 +202,11 @@ class ToolwitnessService:
                         delay,
                     )
                     receiver.rewind(batch)
+                    # The lag says how far behind this instance is while it cannot move on (the
+                    # watermarks are not published: that needs Redis too). The broker's end offsets:
+                    # the fetcher's high watermarks stop moving while the same batch is retried.
+                    with contextlib.suppress(Exception):
+                        await receiver.span_partitions_caught_up(fresh=True)
                     await asyncio.sleep(delay)
                     continue
                 self.retry.reset()

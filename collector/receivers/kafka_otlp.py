@@ -123,21 +123,24 @@ class KafkaOTLPReceiver:
             return False
         return True
 
-    async def span_partitions_caught_up(self) -> dict[int, bool]:
-        """For each assigned span partition: whether it is caught up (lag metrics updated)."""
+    async def span_partitions_caught_up(self, *, fresh: bool = False) -> dict[int, bool]:
+        """For each assigned span partition: whether it is caught up. Updates the lag of every
+        assigned partition (spans and control) on the way: against the high watermarks of the
+        last fetches, or (``fresh``) the end offsets the broker reports now (one request)."""
         consumer = self._require()
         spans = self.cfg.topics.spans
         caught: dict[int, bool] = {}
-        for tp in consumer.assignment():
-            if tp.topic != spans:
-                continue
-            hw = consumer.highwater(tp)
+        assigned = list(consumer.assignment())
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(assigned) if fresh and assigned else {}
+        for tp in assigned:
+            hw = ends.get(tp, consumer.highwater(tp))
             try:
                 pos = await consumer.position(tp)
             except Exception:  # the partition moved during a rebalance
                 continue
             CONSUMER_LAG.labels(self.name, tp.topic, str(tp.partition)).set(max(0, (hw or 0) - pos))
-            caught[tp.partition] = hw is not None and pos >= hw
+            if tp.topic == spans:
+                caught[tp.partition] = hw is not None and pos >= hw
         return caught
 
     async def replay_control(self) -> int:

@@ -152,6 +152,13 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         tenant = self.config.tenant
         headers = [(self.config.tenant_header, tenant.encode())] if tenant else None
         pending: list[Any] = []
+        sent: list[tuple[str, int]] = []  # (trace id, span count) of each pending record
+
+        def too_large(trace_id: str, n: int) -> None:
+            nonlocal rejected
+            rejected += n
+            errors.append(f"trace {trace_id}: {n} span(s) exceed the record size limit")
+
         try:
             for trace_id, part in parts.items():
                 try:
@@ -160,12 +167,17 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
                             topic, value=part.SerializeToString(), key=trace_id.encode("ascii"), headers=headers
                         )
                     )
-                except MessageSizeTooLargeError:
-                    n = _span_count(part)
-                    rejected += n
-                    errors.append(f"trace {trace_id}: {n} span(s) exceed the record size limit")
+                    sent.append((trace_id, _span_count(part)))
+                except MessageSizeTooLargeError:  # over our own producer's limit
+                    too_large(trace_id, _span_count(part))
             async with asyncio.timeout(self._timeout_s):
-                await asyncio.gather(*pending)
+                results = await asyncio.gather(*pending, return_exceptions=True)
+            for (trace_id, n), result in zip(sent, results, strict=True):
+                if isinstance(result, MessageSizeTooLargeError):  # the broker's (the topic's) limit
+                    too_large(trace_id, n)
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(result, MessageSizeTooLargeError):
+                    raise result  # anything else: the exporter retries the whole call
         except Exception as exc:
             for fut in pending:
                 fut.cancel()
@@ -174,7 +186,7 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, "forwarding to Kafka failed; retry")
         accepted = _span_count(request) - rejected
         SPANS_IN.labels(component=COMPONENT).inc(max(accepted, 0))
-        self.forwarded_records += len(pending)
+        self.forwarded_records += len(pending) - sum(isinstance(r, BaseException) for r in results)
         if rejected:
             self.rejected_spans += rejected
             DROPPED.labels(component=COMPONENT, reason="rejected_span").inc(rejected)

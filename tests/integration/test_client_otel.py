@@ -640,6 +640,46 @@ async def test_sidecar_refuses_calls_without_the_bearer_token(
     assert any("refused" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_trace_the_broker_refuses_is_a_partial_success_not_a_retry(
+    kafka_bootstrap: str, topics: TopicsConfig, topic_factory: TopicFactory
+) -> None:
+    # The spans topic takes records up to 100 kB; the sidecar's own limit (4 MiB) lets a 300 kB
+    # trace through to the broker, which refuses it. The small trace of the same call is
+    # forwarded and the call says which spans were not: retrying all of it would never succeed.
+    spans_topic = await topic_factory(1, configs={"max.message.bytes": "100000"})
+    config = sidecar_config(kafka_bootstrap, topics.model_copy(update={"spans": spans_topic}))
+    sidecar = create_sidecar(config, env={})
+    big, small = uuid.uuid4().bytes, uuid.uuid4().bytes
+    payload = KeyValue(key="gen_ai.tool.call.arguments", value=AnyValue(string_value="x" * 300_000))
+    request = ExportTraceServiceRequest(
+        resource_spans=[
+            ResourceSpans(
+                scope_spans=[
+                    ScopeSpans(
+                        spans=[
+                            Span(trace_id=big, span_id=b"\x01" * 8, name="big", attributes=[payload]),
+                            Span(trace_id=big, span_id=b"\x02" * 8, name="big-2"),
+                            Span(trace_id=small, span_id=b"\x03" * 8, name="small"),
+                        ]
+                    )
+                ]
+            )
+        ]
+    )
+    async with asyncio.timeout(TIMEOUT_S):
+        await sidecar.start()
+        try:
+            async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
+                stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
+                response = await stub.Export(request, timeout=10)
+        finally:
+            await sidecar.shutdown()
+    assert response.partial_success.rejected_spans == 2
+    assert f"trace {big.hex()}: 2 span(s) exceed the record size limit" in response.partial_success.error_message
+    [rec] = await read_records(kafka_bootstrap, spans_topic, 1)
+    assert rec.key == small.hex().encode()
+
+
 async def test_a_sidecar_with_a_tenant_stamps_it_on_every_record(kafka_bootstrap: str, topics: TopicsConfig) -> None:
     # The agent's resource claims another tenant: the header the sidecar stamps wins at the service.
     config = sidecar_config(kafka_bootstrap, topics).model_copy(update={"tenant": "acme"})

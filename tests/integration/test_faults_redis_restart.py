@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.telemetry.metrics import EXPORT_FAILURES
+from collector.telemetry.metrics import CONSUMER_LAG, EXPORT_FAILURES
 from tests.integration.harness import (
     TraceGroup,
     assert_exactly_once,
@@ -44,6 +44,16 @@ PER_GROUP = 8
 
 def failures() -> float:
     return service_count(EXPORT_FAILURES)
+
+
+def spans_lag(topic: str) -> float:
+    """toolwitness_consumer_lag summed over the spans topic's partitions."""
+    return sum(
+        sample.value
+        for metric in CONSUMER_LAG.collect()
+        for sample in metric.samples
+        if sample.labels.get("topic") == topic
+    )
 
 
 async def test_redis_restart_with_aof_is_ridden_out(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -76,6 +86,10 @@ async def test_redis_restart_with_aof_is_ridden_out(kafka_bootstrap: str, tmp_pa
                     await until(lambda: failures() >= fails0 + 3 or task.done(), timeout=45, interval=0.05)
                 assert not task.done(), f"the poll loop ended while Redis was down:\n{ended(task)}"
                 failed_batches = int(failures() - fails0)
+                # The consumer-lag metric shows the records this instance cannot get past (it read
+                # 0 during an outage: only a committed batch updated it).
+                with fail_on_timeout(lambda: "the lag never showed the records sent while Redis was down"):
+                    await until(lambda: spans_lag(cfg.kafka.topics.spans) > 0, timeout=30)
 
                 # 4. Redis comes back with its append-only file. (Scores are counted before: the service may
                 # publish all of them while `up` still waits for Redis to answer.)

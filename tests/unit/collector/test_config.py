@@ -147,3 +147,38 @@ async def test_redis_tls_ca_reaches_the_client_and_needs_rediss(tmp_path: Path) 
     p.write_text("redis:\n  url: redis://redis:6379/0\n  ssl_ca_file: /etc/ca.pem\n")
     with pytest.raises(ConfigError, match=r"ssl_ca_file is set but redis.url is not rediss"):
         load_config(p, env={})
+
+
+def test_one_topic_in_two_roles_is_refused(tmp_path: Path) -> None:
+    # A DLQ that is the spans topic would re-read and dead-letter each bad record forever.
+    p = tmp_path / "c.yaml"
+    p.write_text("kafka:\n  topics:\n    dlq: otlp_spans\n")
+    with pytest.raises(ConfigError, match=r"kafka\.topics: .*spans and dlq are the same topic 'otlp_spans'"):
+        load_config(p, env={})
+
+
+@pytest.mark.parametrize(
+    ("security", "named"),
+    [
+        ("protocol: SASL_SSL", "sasl_mechanism must be set for protocol SASL_SSL"),
+        ("protocol: PLAINTEXT\n    sasl_mechanism: SCRAM-SHA-512", "uses no SASL"),
+        ("protocol: SASL_PLAINTEXT\n    sasl_mechanism: PLAIN\n    ssl_cafile: ca.pem", "ssl_cafile set but"),
+    ],
+    ids=["sasl-without-mechanism", "mechanism-without-sasl", "tls-file-without-tls"],
+)
+def test_kafka_security_settings_the_protocol_would_not_use_are_refused(
+    tmp_path: Path, security: str, named: str
+) -> None:
+    # validate-config says so up front, instead of a traceback from run (or a setting ignored)
+    p = tmp_path / "c.yaml"
+    p.write_text(f"kafka:\n  security:\n    {security}\n")
+    with pytest.raises(ConfigError, match=rf"kafka\.security: .*{named}"):
+        load_config(p, env={})
+
+
+def test_an_env_mapping_overrides_only_the_keys_it_names(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("kafka:\n  topics:\n    spans: a.spans\n    control: a.control\n    dlq: a.dlq\n")
+    cfg = load_config(p, env={"TOOLWITNESS_KAFKA__TOPICS": '{"spans": "a.spans-v2"}'})
+    topics = cfg.kafka.topics
+    assert (topics.spans, topics.control, topics.dlq) == ("a.spans-v2", "a.control", "a.dlq")

@@ -308,6 +308,19 @@ def test_with_sasl_the_sidecar_uses_its_span_producer_credentials(helm: Helm) ->
     assert {e["valueFrom"]["secretKeyRef"]["name"] for e in scorer["env"] if "valueFrom" in e} == {"scorer-sasl"}
 
 
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("config.admin.host=127.0.0.1", "the kubelet probes"),
+        ("config.kafka.topics.dlq=otlp_spans", "each role needs its own topic"),
+    ],
+    ids=["admin-on-loopback", "dlq-is-the-spans-topic"],
+)
+def test_values_that_cannot_work_fail_the_render(helm: Helm, value: str, named: str) -> None:
+    proc = helm.template(sets=[value])
+    assert proc.returncode != 0 and named in proc.stderr
+
+
 def test_a_sidecar_per_tenant_stamps_its_tenant(helm: Helm) -> None:
     docs = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.tenant=acme", "config.tenant.resource_attribute="])
     sidecar = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["containers"][0]

@@ -428,6 +428,14 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- if and $v.serviceMonitor.enabled $v.networkPolicy.enabled (not $v.networkPolicy.ingress.namespaces) }}
 {{- fail "serviceMonitor.enabled with networkPolicy.enabled needs networkPolicy.ingress.namespaces (e.g. [monitoring]): with none the NetworkPolicy blocks every scrape" }}
 {{- end }}
+{{- if has $v.config.admin.host (list "127.0.0.1" "localhost" "::1") }}
+{{- fail (printf "config.admin.host is %s: the kubelet probes /healthz and /readyz (and Prometheus scrapes) on the pod IP, so every pod would fail its probes; use 0.0.0.0" $v.config.admin.host) }}
+{{- end }}
+{{- $topics := $v.config.kafka.topics }}
+{{- $names := list $topics.spans $topics.control $topics.scores $topics.observations $topics.dlq }}
+{{- if ne (len (uniq $names)) (len $names) }}
+{{- fail (printf "config.kafka.topics: each role needs its own topic (spans, control, scores, observations, dlq are %s): a dead letter written to the spans topic would be read and dead-lettered again forever" (join ", " $names)) }}
+{{- end }}
 {{- if and $v.serviceMonitor.enabled (not $v.service.enabled) }}
 {{- fail "serviceMonitor.enabled needs service.enabled (the ServiceMonitor scrapes the Service's admin port)" }}
 {{- end }}
