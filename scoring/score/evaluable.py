@@ -77,7 +77,9 @@ class EvaluationMethods:
         :func:`scoring.evaluation.evaluate_async`; ``update_registry_behavior`` defaults to
         ``SKIP_IF_EXISTS``); ``add_to_evaluation_results=False`` neither reads nor writes the
         registry."""
+        from scoring.evaluation.dataset import HumanLabeledDataset, MetricsType, load_human_labeled_dataset
         from scoring.evaluation.evaluator import evaluate_async
+        from scoring.evaluation.protocols import FLOAT_SCALE
         from scoring.evaluation.registry import RegistryUpdateBehavior
 
         files = self.evaluation_file_mapping
@@ -90,9 +92,21 @@ class EvaluationMethods:
         behavior = update_registry_behavior or RegistryUpdateBehavior.SKIP_IF_EXISTS
         if not add_to_evaluation_results:
             behavior = RegistryUpdateBehavior.NEVER_UPDATE
+        patterns = list(files.human_labeled_datasets_files)
+        dataset: HumanLabeledDataset | list[str] = patterns
+        scorer = self._evaluable()
+        if files.harm_category is not None and scorer.scorer_type == FLOAT_SCALE:
+            # The mapping names the category the metrics are stored and looked up under: a
+            # dataset of another category would be stored where get_scorer_metrics never looks.
+            dataset = load_human_labeled_dataset(patterns, MetricsType.HARM, root=files.base())
+            if (dataset.harm_category or "").casefold() != files.harm_category.casefold():
+                raise ValueError(
+                    f"evaluation_file_mapping.harm_category is {files.harm_category!r} but the datasets "
+                    f"{list(files.human_labeled_datasets_files)} are labeled {dataset.harm_category!r}"
+                )
         return await evaluate_async(
-            self._evaluable(),
-            list(files.human_labeled_datasets_files),
+            scorer,
+            dataset,
             num_scorer_trials=num_scorer_trials,
             update_registry_behavior=behavior,
             registry_path=files.registry_path(),
@@ -112,8 +126,16 @@ class EvaluationMethods:
 
         files = self.evaluation_file_mapping
         scorer = self._evaluable()
+        registry_path = files.registry_path() if files else None
         if scorer.scorer_type == FLOAT_SCALE and harm_category is None and files is not None:
             harm_category = files.harm_category
-        return get_scorer_metrics(
-            scorer, harm_category=harm_category, registry_path=files.registry_path() if files else None
-        )
+        if scorer.scorer_type == FLOAT_SCALE and harm_category is None:
+            # Harm results are stored per category; with none named, the one stored for this
+            # configuration (if there is exactly one), else nothing -- not an error (seed 004).
+            from scoring.evaluation.identity import evaluation_hash
+            from scoring.evaluation.registry import MetricsRegistry
+
+            eval_hash = evaluation_hash(scorer.get_identifier())
+            stored = [e for e in MetricsRegistry(registry_path).all_harm() if e.eval_hash == eval_hash]
+            return stored[0].metrics if len(stored) == 1 else None
+        return get_scorer_metrics(scorer, harm_category=harm_category, registry_path=registry_path)

@@ -13,7 +13,7 @@ from scoring.models.evidence import Observation
 from scoring.models.scorables import ContentScorable, MessageScorable, Scorable
 from scoring.models.score import Score
 from scoring.score.base import ScoringContext, TrueFalseScorer
-from scoring.score.observation.source import ObservationSource
+from scoring.score.observation.source import EvidenceScorable, ObservationSource
 from scoring.verdict.conditions import Evidence, judge_all
 
 
@@ -57,7 +57,9 @@ class OtelToolCallScorer(TrueFalseScorer):
     supported_conditions: ClassVar[frozenset[str]] = frozenset({"tools_called", "tool_sequence", "payload_propagated"})
     requires_conditions: ClassVar[bool] = True
 
-    def __init__(self, *, source: ObservationSource, categories: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, *, source: ObservationSource[EvidenceScorable], categories: Sequence[str] | None = None
+    ) -> None:
         super().__init__(categories=categories)
         if not callable(getattr(source, "acquire", None)):
             hint = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from scoring.models.evidence import LATE_SPAN, RETENTION_EXPIRED, CompletionSource, Coverage
@@ -19,12 +19,15 @@ from scoring.normalize.trace import TraceAssembly
 
 @dataclass(frozen=True, slots=True)
 class TraceQueryResult:
-    """The spans of one trace and the client's account of their coverage."""
+    """The spans of one trace and the client's account of their coverage.
 
-    trace_id: str
-    available: bool
-    spans: tuple[NeutralSpan, ...]
-    coverage: Coverage
+    ``TraceQueryResult(trace_id, available=False)``: the client knows no evidence can be
+    retrieved (e.g. retention expired): the observation is unavailable, the score UNDETERMINED."""
+
+    trace_id: str = ""
+    available: bool = True
+    spans: tuple[NeutralSpan, ...] = ()
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from scoring.models.evidence import (
     NO_TRACE_LINKED,
@@ -23,10 +23,14 @@ from scoring.score.observation.client import TraceClient, TraceQueryResult
 EvidenceScorable = TraceScorable | SessionScorable | MessageScorable
 
 
-class ObservationSource(Protocol):
+#: the scorable type a source serves (``ObservationSource[TraceScorable]``, seed 000)
+S_contra = TypeVar("S_contra", bound=EvidenceScorable, contravariant=True)
+
+
+class ObservationSource(Protocol[S_contra]):
     """``acquire`` returns the evidence for a scorable; it must report coverage honestly."""
 
-    async def acquire(self, scorable: EvidenceScorable, trace_ids: Sequence[str] | None = None) -> Observation: ...
+    async def acquire(self, scorable: S_contra, trace_ids: Sequence[str] | None = None) -> Observation: ...
 
 
 def build_observation(

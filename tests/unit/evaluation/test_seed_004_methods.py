@@ -68,8 +68,8 @@ async def test_missing_mapping_and_bad_files_are_named(evals: Path) -> None:
     with pytest.raises(ValueError, match="at least one"):
         ScorerEvalDatasetFiles(human_labeled_datasets_files=[])
     harm = PlagiarismScorer(reference_text="a b c")
-    with pytest.raises(ValueError, match="harm_category is required"):
-        harm.get_scorer_metrics()
+    # seed 004: a harm scorer with nothing stored prints "No cached metrics found" (no error)
+    assert harm.get_scorer_metrics() is None
     harm.evaluation_file_mapping = ScorerEvalDatasetFiles(
         human_labeled_datasets_files=["harm/*.csv"], harm_category="violence"
     )
