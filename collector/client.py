@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
@@ -434,6 +434,8 @@ class ToolwitnessClient:
         self._reseek: dict[TopicPartition, int] = {}
         #: observations already read and verified, by id (most recent last)
         self._observations: OrderedDict[str, Observation] = OrderedDict()
+        #: (tenant, expectation id) this client cancelled: wait_for on them fails at once
+        self._cancelled: set[tuple[str, str]] = set()
         #: observation id -> when a score naming it was decided (ms): where its search starts
         self._observed_at: OrderedDict[str, int] = OrderedDict()
         #: records read by get_observation so far
@@ -674,7 +676,10 @@ class ToolwitnessClient:
             raise ValueError("expectation_id must not be empty")
         msg = control_pb2.CancelExpectation(tenant=self.tenant, expectation_id=expectation_id, reason=reason)
         await self._send_control(expectation_id, control_pb2.ControlMessage(cancel=msg))
-        # No score will come for it: whoever waits for it here is told so, not left to time out.
+        # No score will come for it: whoever waits for it here -- now or later -- is told so, not
+        # left to time out. (The service publishes nothing for a cancelled expectation: another
+        # client waiting on the same id is not told.)
+        self._cancelled.add((self.tenant, expectation_id))
         for fut in self._waiters.pop((self.tenant, expectation_id), []):
             if not fut.done():
                 fut.set_exception(ExpectationCancelledError(f"expectation {expectation_id!r} was cancelled"))
@@ -869,15 +874,23 @@ class ToolwitnessClient:
         starts at the topic's end: a verdict published before, or while a restarted harness was
         down, needs ``scores_from="beginning"``). Raises ``TimeoutError`` (==
         ``asyncio.TimeoutError``) when none arrived in time, ``ExpectationCancelledError`` when this
-        client cancels the expectation meanwhile.
+        client cancelled the expectation (before or meanwhile), ``ValueError`` for another tenant's
+        expectation on a client without ``all_tenants``.
         """
         self._require_started()
         if timeout is None or not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         key = (tenant or self.tenant, expectation_id)
+        if key[0] != self.tenant and not self._all_tenants:
+            raise ValueError(
+                f"tenant {key[0]!r}: this client keeps only tenant {self.tenant!r}'s scores; "
+                "start it with all_tenants=True to wait for another tenant's"
+            )
         found = self.latest(expectation_id, tenant=key[0])
         if found is not None:
             return found
+        if key in self._cancelled:
+            raise ExpectationCancelledError(f"expectation {expectation_id!r} was cancelled")
         if self._consumer_error is not None:
             raise RuntimeError("the scores consumer failed") from self._consumer_error
         fut: asyncio.Future[score_pb2.ScoreEvent] = asyncio.get_running_loop().create_future()
@@ -903,6 +916,37 @@ class ToolwitnessClient:
         return latest if latest is not None and latest.version >= arrived.version else arrived
 
     # -- observations ----------------------------------------------------------------------------
+
+    def _match(
+        self, batch: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]], key: bytes
+    ) -> bytes | None:
+        for records in batch.values():
+            self._observation_records_read += len(records)
+            for record in records:
+                if record.key == key and record.value is not None:
+                    value: bytes = record.value
+                    return value
+        return None
+
+    async def _scan(
+        self, consumer: AIOKafkaConsumer, tps: list[TopicPartition], key: bytes, offset: int | None
+    ) -> bytes | None:
+        """The record keyed ``key`` in ``tps``, read from ``offset`` (None: the start) up to the end
+        offsets seen now; None if it is not there."""
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            if offset is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, offset)
+        left = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+        while left:
+            found = self._match(await consumer.getmany(*left, timeout_ms=200), key)
+            if found is not None:
+                return found
+            left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
+        return None
 
     async def get_observation(
         self, observation_id: str, timeout: float = 10.0, *, published_after: datetime | None = None
@@ -936,41 +980,45 @@ class ToolwitnessClient:
         try:
             async with asyncio.timeout(timeout):
                 await consumer.start()
-                # The service keys observations by id with Kafka's default partitioner: only that
-                # partition can hold it (a topic whose partition count changed since: every one).
+                # The service keys observations by id with Kafka's default partitioner: the key's
+                # partition now holds it, unless partitions were added since it was published.
                 parts = sorted(await topic_partitions(consumer, self.topics.observations))
                 while not parts:
                     await asyncio.sleep(0.1)  # metadata of a topic created a moment ago
                     parts = sorted(await topic_partitions(consumer, self.topics.observations))
-                tp = TopicPartition(self.topics.observations, KeyPartitioner()(key, parts, parts))
-                consumer.assign([tp])
+                topic = self.topics.observations
+                home = TopicPartition(topic, KeyPartitioner()(key, parts, parts))
                 near = (
                     int(published_after.timestamp() * 1000)
                     if published_after is not None
                     else self._observed_at.get(observation_id)
                 )
-                # from the time index: stop there at the end offset seen now, then from the start
-                rewind_at: int | None = None
-                since = {}
+                # Searches, each up to the end offsets seen when it starts: the home partition from
+                # the time index (when the time is known), then from its start, then every other
+                # partition from its start; then wait on all of them for it to arrive.
+                since = None
                 if near:
-                    since = await consumer.offsets_for_times({tp: max(0, near - OBSERVATION_SEARCH_SLACK_MS)})
-                start = since.get(tp)
-                if start is not None:
-                    consumer.seek(tp, start.offset)
-                    rewind_at = (await consumer.end_offsets([tp]))[tp]
-                else:
-                    await consumer.seek_to_beginning(tp)
-                while value is None:
-                    batch = await consumer.getmany(timeout_ms=200)
-                    for records in batch.values():
-                        self._observation_records_read += len(records)
-                        for record in records:
-                            if record.key == key and record.value is not None:
-                                value = record.value
-                                break
-                    if value is None and rewind_at is not None and await consumer.position(tp) >= rewind_at:
-                        rewind_at = None
-                        await consumer.seek_to_beginning(tp)
+                    found = await consumer.offsets_for_times({home: max(0, near - OBSERVATION_SEARCH_SLACK_MS)})
+                    since = found.get(home)
+                others = [TopicPartition(topic, p) for p in parts if p != home.partition]
+                plan: list[tuple[list[TopicPartition], int | None]] = []
+                if since is not None:
+                    plan.append(([home], since.offset))
+                plan.append(([home], None))
+                if others:
+                    plan.append((others, None))
+                for tps, offset in plan:
+                    value = await self._scan(consumer, tps, key, offset)
+                    if value is not None:
+                        break
+                if value is None:
+                    every = [home, *others]
+                    consumer.assign(every)
+                    ends = await consumer.end_offsets(every)
+                    for tp in every:
+                        consumer.seek(tp, ends[tp])
+                    while value is None:
+                        value = self._match(await consumer.getmany(timeout_ms=200), key)
         except TimeoutError:
             raise TimeoutError(
                 f"observation {observation_id!r} not found on topic {self.topics.observations!r} within {timeout}s"

@@ -22,10 +22,11 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import format_trace_id
 
@@ -114,27 +115,34 @@ def split_by_trace(request: ExportTraceServiceRequest) -> dict[str, ExportTraceS
 
 
 class SpanCountingProcessor(SpanProcessor):
-    """Counts ended, sampled spans per trace id (thread-safe), for completion markers.
+    """Counts, per trace id, every span the SDK records, from the moment it starts (thread-safe),
+    for completion markers.
 
-    Only sampled spans are counted: those are the ones an exporter receives. If an export
-    fails, a marker with this count claims more spans than arrive, so the trace never
-    completes and absence stays unprovable (UNDETERMINED at the deadline), never FALSE.
+    A span still open in another thread when the marker is sent is counted, and so is one the
+    sampler recorded but did not sample (``RECORD_ONLY``: no exporter receives it). A marker with
+    this count claims every such span: the trace completes only once all of them arrived, so a
+    span that is late, never ends or is never exported keeps absence unprovable (UNDETERMINED at
+    the deadline), never FALSE. Spans a sampler drops outright are not recorded at all and
+    reach no processor: score traces recorded with ``ALWAYS_ON`` (or parent-based on it).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
 
-    def on_end(self, span: ReadableSpan) -> None:
-        ctx = span.context
-        if ctx is None or not ctx.trace_flags.sampled:
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        ctx = span.get_span_context()
+        if ctx is None:
             return
         key = format_trace_id(ctx.trace_id)
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
 
+    def on_end(self, span: ReadableSpan) -> None:
+        """Counted when it started."""
+
     def count(self, trace_id: str) -> int:
-        """Ended, sampled spans seen so far for a trace (32 lowercase hex)."""
+        """Spans recorded so far for a trace (32 lowercase hex), open ones included."""
         with self._lock:
             return self._counts.get(trace_id.lower(), 0)
 

@@ -223,6 +223,22 @@ class Checkpoint:
         return [p for r in results if not isinstance(r, BaseException) for p in r]
 
 
+    async def _retried(self, known: RegisteredExpectation, exp: RegisteredExpectation) -> bool:
+        """``exp`` is a caller's retry of ``known`` (``expect`` again with the same id after a
+        timeout): the same definition, sent later, while the first is pending or decided. It is
+        taken once: the first registration's score answers both."""
+        same = (known.tenant, known.scope, known.scorer, known.expectation) == (
+            exp.tenant,
+            exp.scope,
+            exp.scorer,
+            exp.expectation,
+        )
+        if not same:
+            return False
+        if await self.store.undecided(exp.tenant, exp.expectation_id):
+            return True
+        return await self.store.get_decision(exp.tenant, exp.expectation_id) is not None
+
     def _within_retention(self, exp: RegisteredExpectation) -> RegisteredExpectation:
         """A deadline at most ``redis.state_ttl_seconds`` away: the evidence it is judged on lives
         that long after the expectation is registered (a later deadline would judge expired
@@ -280,11 +296,11 @@ class Checkpoint:
                     work.add(exp.tenant, [exp.expectation_id], "expectation")
                 elif (known := await self.store.load_expectations(exp.tenant, [exp.expectation_id])).get(
                     exp.expectation_id
-                ) not in (None, exp):
+                ) not in (None, exp) and not await self._retried(known[exp.expectation_id], exp):
                     # Not a replay of the record that registered it (that one is identical, its own
-                    # timestamp included): another expectation under a used id -- another
-                    # definition, or the same one sent again after a cancel. It would never be
-                    # scored; say so.
+                    # timestamp included) nor a caller's retry of it: another expectation under a
+                    # used id -- another definition, or the same one sent again after a cancel. It
+                    # would never be scored; say so.
                     pending = await self.store.undecided(exp.tenant, exp.expectation_id)
                     raise ControlDecodeError(
                         "expectation_id_reused",

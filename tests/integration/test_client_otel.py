@@ -537,6 +537,22 @@ async def test_get_observation_starts_where_its_score_was_decided(
         assert fresh.observation_records_read >= 302
 
 
+async def test_get_observation_finds_one_published_before_partitions_were_added(
+    kafka_bootstrap: str, topics: TopicsConfig, producer: AIOKafkaProducer, kafka_admin: AIOKafkaAdminClient
+) -> None:
+    # Published when the topic had one partition; with 8 now, the key hashes elsewhere.
+    scopes = [TraceScorable(trace_ids=(f"{i + 1:032x}",)) for i in range(6)]
+    observations = [Observation(scorable=scope, coverage=Coverage.completed()) for scope in scopes]
+    async with asyncio.timeout(TIMEOUT_S):
+        for obs in observations:
+            value = encode(observation_to_proto(obs), "protobuf")
+            await producer.send_and_wait(topics.observations, value=value, key=obs.observation_id.encode())
+        await kafka_admin.create_partitions({topics.observations: NewPartitions(total_count=8)})
+        async with ToolwitnessClient(bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics) as fresh:
+            for obs in observations:
+                assert await fresh.get_observation(obs.observation_id, timeout=TIMEOUT_S) == obs
+
+
 # --------------------------------------------------------------------------------------------------
 # The OTLP/gRPC sidecar
 # --------------------------------------------------------------------------------------------------

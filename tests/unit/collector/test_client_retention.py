@@ -103,8 +103,14 @@ async def test_cancel_wakes_whoever_waits_for_it() -> None:
     await tw.cancel("c")
     with pytest.raises(ExpectationCancelledError, match="'c' was cancelled"):
         await waiter
+    # ... and whoever waits for it afterwards, at once (no score will ever come)
+    with pytest.raises(ExpectationCancelledError, match="'c' was cancelled"):
+        await asyncio.wait_for(tw.wait_for("c", timeout=30), timeout=1)
     with pytest.raises(ValueError, match="timeout must be a positive"):
         await tw.wait_for("c", timeout=None)  # type: ignore[arg-type]
+    # another tenant's scores are not kept by this client: waiting for one could only time out
+    with pytest.raises(ValueError, match="all_tenants=True"):
+        await tw.wait_for("c", timeout=30, tenant="globex")
 
 
 async def test_a_message_scope_without_its_traces_is_refused_before_sending() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -17,7 +18,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, SamplingResult
 from opentelemetry.trace import format_trace_id
 from pydantic import ValidationError
 
@@ -48,7 +49,7 @@ def _provider(**kw: object) -> TracerProvider:
     return TracerProvider(shutdown_on_exit=False, **kw)  # type: ignore[arg-type]
 
 
-def test_span_counting_processor_counts_ended_sampled_spans_per_trace() -> None:
+def test_span_counting_processor_counts_recorded_spans_per_trace_from_their_start() -> None:
     provider = _provider()
     counter = SpanCountingProcessor()
     provider.add_span_processor(counter)
@@ -60,8 +61,8 @@ def test_span_counting_processor_counts_ended_sampled_spans_per_trace() -> None:
         with tracer.start_as_current_span("child-2"):
             pass
         trace_a = format_trace_id(root_a.get_span_context().trace_id)
-        # Children ended, root not yet: only ended spans count.
-        assert counter.count(trace_a) == 2
+        # The root is still open: it counts (a marker sent now claims it, so it must arrive).
+        assert counter.count(trace_a) == 3
     assert counter.count(trace_a) == 3
 
     with tracer.start_as_current_span("root-b") as root_b:
@@ -102,7 +103,34 @@ def test_span_counting_processor_ignores_unsampled_spans() -> None:
     provider.add_span_processor(counter)
     with provider.get_tracer("tw.unit").start_as_current_span("dropped") as span:
         trace_id = format_trace_id(span.get_span_context().trace_id)
-    assert counter.count(trace_id) == 0
+    assert counter.count(trace_id) == 0  # not recorded at all: no processor sees it
+    provider.shutdown()
+
+
+class _RecordOnly(Sampler):
+    """Records 'exfiltrate' spans without sampling them (no exporter receives them)."""
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, *args: Any, **kwargs: Any) -> SamplingResult:
+        return SamplingResult(Decision.RECORD_ONLY if name == "exfiltrate" else Decision.RECORD_AND_SAMPLE)
+
+    def get_description(self) -> str:
+        return "record-only exfiltrate"
+
+
+def test_a_recorded_but_unsampled_span_counts_so_the_marker_is_never_met() -> None:
+    # The tool ran; its span is recorded, never exported. Counting it keeps the trace incomplete
+    # (its marker claims a span that never arrives): UNDETERMINED, where it used to be FALSE.
+    provider = _provider(sampler=_RecordOnly())
+    counter = SpanCountingProcessor()
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(counter)
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracer = provider.get_tracer("tw.unit")
+    with tracer.start_as_current_span("agent") as root:
+        with tracer.start_as_current_span("exfiltrate"):
+            pass
+        trace_id = format_trace_id(root.get_span_context().trace_id)
+    assert counter.count(trace_id) == 2 and len(exported.get_finished_spans()) == 1
     provider.shutdown()
 
 
