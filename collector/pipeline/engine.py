@@ -141,8 +141,9 @@ class Engine:
                 # A completion claim broke: what was decided on it and is not what the evidence says
                 # now is revised -- FALSE and TRUE alike ("never ran", max_count, an exact order are
                 # TRUE only on complete evidence). An UNDETERMINED from a revision is revised again
-                # when evidence decides it before the deadline; one from the deadline is final.
-                if prev.verdict not in _DECIDED and (prev.version == 1 or now_ms >= exp.deadline_ms):
+                # when evidence decides the expectation (deadline or not: the same spans in one batch
+                # would have decided it); one from the deadline (version 1) is final.
+                if prev.verdict not in _DECIDED and prev.version == 1:
                     continue
                 meta["revises_version"] = str(prev.version)
                 outcomes.append(
@@ -155,7 +156,7 @@ class Engine:
                         version=prev.version + 1,
                         trigger="revision",
                         now=now,
-                        revisable=verdict is Verdict.UNDETERMINED and now_ms < exp.deadline_ms,
+                        revisable=verdict is Verdict.UNDETERMINED,
                     )
                 )
                 continue
@@ -164,7 +165,7 @@ class Engine:
             trigger = work.pending.get(k, "deadline" if final else "span")
             if verdict is Verdict.UNDETERMINED and now_ms >= exp.deadline_ms:
                 trigger = "deadline"
-            revisable = await self.decider.needs_completion(exp, obs, verdict, final=final)
+            revisable = await self.decider.needs_completion(exp, obs, verdict)
             outcomes.append(
                 self.decider.outcome(
                     exp, obs, verdict, rationale, meta, version=1, trigger=trigger, now=now, revisable=revisable
@@ -217,7 +218,9 @@ class Engine:
             if d.won and o.observation.coverage.complete
             for t in o.expectation.trace_ids()
         }
-        await self.store.settle(decided, finished, now_ms, reclaim)
+        # A span that broke the completion claim after this evaluation (applied by a batch while
+        # the sweeper decided, or by another instance): re-judged as a revision.
+        self.contradicted.update(await self.store.settle(decided, finished, now_ms, reclaim))
         # Lost to a decision this evaluation contradicts (new evidence arrived between that decision
         # and its settle, so the trace's decided set did not know it yet): revise it. A FALSE, or a
         # TRUE when this evaluation's FALSE rests on presence alone (incomplete coverage: no later

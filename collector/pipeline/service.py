@@ -264,6 +264,10 @@ class ToolwitnessService:
             if work.pending or work.final:
                 outcomes = await self.engine.evaluate(work, watermark)
                 published.extend(await self.engine.decide_and_send(outcomes))
+            if self.engine.contradicted:  # also on a quiet pipeline, where no batch would
+                again = Work(revisions=set(self.engine.contradicted))
+                self.engine.contradicted.clear()
+                published.extend(await self.engine.decide_and_send(await self.engine.evaluate(again, watermark)))
             for tenant, ident in unpublished:
                 p = await self.engine.republish(tenant, ident)
                 if p is not None:

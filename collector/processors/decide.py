@@ -274,16 +274,16 @@ class Decider:
             }
         )
 
-    async def needs_completion(
-        self, exp: RegisteredExpectation, observation: Observation, verdict: Verdict, *, final: bool
-    ) -> bool:
+    async def needs_completion(self, exp: RegisteredExpectation, observation: Observation, verdict: Verdict) -> bool:
         """Whether ``verdict`` rests on the observation's complete coverage: judged again as if
         coverage were incomplete, it is not the same (e.g. "never ran", max_count). A verdict
         decided on incomplete coverage rests on evidence alone (monotonicity)."""
         if verdict is Verdict.UNDETERMINED or not observation.coverage.complete:
             return False
         partial = observation.model_copy(update={"coverage": _incomplete(frozenset({LATE_SPAN}))})
-        again, _, _ = await self.judge(exp, partial, final=final)
+        # Not final: a fallback tree must not stand in for the evidence here (at the deadline it
+        # would answer for the primary, and hide that the primary's verdict needed completion).
+        again, _, _ = await self.judge(exp, partial, final=False)
         return again is not verdict
 
     async def judge(

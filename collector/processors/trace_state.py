@@ -509,8 +509,9 @@ class TraceStateStore:
         finished: Sequence[RegisteredExpectation],
         now_ms: int,
         reclaim: Iterable[tuple[str, str]] = (),
-    ) -> None:
+    ) -> list[tuple[str, str]]:
         """After winning compare-and-sets: note them unpublished (for the sweeper) and update the indexes.
+        Returns the ``decided`` (tenant, id) whose trace turned late before this (to re-judge).
 
         ``decided`` keep watching their traces for a broken completion claim; ``finished``
         (UNDETERMINED, revisions) leave every index. The states of the ``reclaim`` traces
@@ -518,7 +519,7 @@ class TraceStateStore:
         one script call per trace and operation, one ZADD and one ZREM for the whole slice.
         """
         if not decided and not finished:
-            return
+            return []
         assert self._index is not None
         shorten = set(reclaim)
         members = [member(e.tenant, e.expectation_id) for e in (*decided, *finished)]
@@ -536,7 +537,8 @@ class TraceStateStore:
         for m in members:
             zadd += (now_ms, m)
         cmds.add(*zadd)
-        for (op, tenant, trace), ids in by_trace.items():
+        indexed = list(by_trace.items())
+        for (op, tenant, trace), ids in indexed:
             cmds.evalsha(
                 self._index,
                 [self.k.state(tenant, trace), self.k.tombstone(tenant, trace)],
@@ -550,7 +552,12 @@ class TraceStateStore:
             else:
                 cmds.add("SREM", self.k.session_decided(tenant, session), exp_id)
         cmds.add("ZREM", self.k.deadlines, *members)
-        await self._execute(cmds)
+        replies = await self._execute(cmds)
+        late: list[tuple[str, str]] = []
+        for ((op, tenant, _trace), ids), reply in zip(indexed, replies[1 : 1 + len(indexed)], strict=True):
+            if op == "done" and reply == 2:
+                late += [(tenant, i) for i in ids]
+        return late
 
     async def reclaim(self, traces: Sequence[tuple[str, str]]) -> None:
         """Shorten the life of complete, decided traces' state (never lengthen it: PEXPIRE LT),

@@ -33,18 +33,35 @@ from scoring.verdict.kleene import all_of, any_of
 T, F, U = Verdict.TRUE, Verdict.FALSE, Verdict.UNDETERMINED
 
 
+def _end(e: ToolExecution) -> float:
+    """When a record ended; one still open may yet hold anything that started after it."""
+    return e.end_time_unix_nano if e.end_time_unix_nano > 0 else float("inf")
+
+
 def _wraps(outer: ToolExecution, inner: ToolExecution) -> bool:
     """``outer`` is another record of the same call around ``inner`` (same trace, tool and call
-    id, its time span contains the other's; equal spans: an order among them picks one)."""
-    if outer.end_time_unix_nano <= 0 or inner.end_time_unix_nano <= 0:
-        return False  # not ended: no containment known
-    if inner.start_time_unix_nano < outer.start_time_unix_nano or outer.end_time_unix_nano < inner.end_time_unix_nano:
+    id, its time span holds the other's; equal spans: an order among them picks one)."""
+    if inner.start_time_unix_nano < outer.start_time_unix_nano or _end(outer) < _end(inner):
         return False
-    return (outer.start_time_unix_nano, -outer.end_time_unix_nano, outer.span_id) < (
+    return (outer.start_time_unix_nano, -_end(outer), outer.span_id) < (
         inner.start_time_unix_nano,
-        -inner.end_time_unix_nano,
+        -_end(inner),
         inner.span_id,
     )
+
+
+def _laminar(group: Sequence[ToolExecution]) -> bool:
+    """Every two records either nest or do not overlap (a record not ended overlaps all after it)."""
+    for i, a in enumerate(group):
+        for b in group[i + 1 :]:
+            a_end, b_end = _end(a), _end(b)
+            disjoint = a_end <= b.start_time_unix_nano or b_end <= a.start_time_unix_nano
+            nested = (a.start_time_unix_nano <= b.start_time_unix_nano and b_end <= a_end) or (
+                b.start_time_unix_nano <= a.start_time_unix_nano and a_end <= b_end
+            )
+            if not (disjoint or nested):
+                return False
+    return True
 
 
 def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[ToolExecution, tuple[ToolExecution, ...]], ...]:
@@ -62,7 +79,9 @@ def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[ToolExecution, tu
     wrapped: dict[int, list[ToolExecution]] = {}
     wrappers: set[int] = set()
     for group in by_call.values():
-        if len(group) < 2:
+        if len(group) < 2 or not _laminar(group):
+            # Records that overlap without one holding the other are no call stack: each counts
+            # (merging them could only ever lower the count as more records arrive).
             continue
         for outer in group:
             for inner in group:

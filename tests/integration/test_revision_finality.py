@@ -10,6 +10,7 @@ session's traces stay while the session's expectations are pending.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 from typing import Any
@@ -21,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from collector.config import ScorerTreeConfig, ServiceConfig
 from collector.wire.gen import score_pb2
-from scoring.models import SessionScorable, TraceScorable
+from scoring.models import MessageScorable, SessionScorable, TraceScorable
 from tests.integration.harness import (
     control_client,
     expects,
@@ -162,11 +163,13 @@ async def test_a_revision_whose_settle_failed_is_sent_on_the_replay(kafka_bootst
         real_settle = service.store.settle
         failed: list[int] = []
 
-        async def settle_fails_once(decided: Any, finished: Any, now_ms: int, reclaim: Any = ()) -> None:
+        async def settle_fails_once(
+            decided: Any, finished: Any, now_ms: int, reclaim: Any = ()
+        ) -> list[tuple[str, str]]:
             if not failed and any(e.expectation_id == ident for e in (*decided, *finished)):
                 failed.append(1)  # right after the compare-and-set won: Redis drops the connection
                 raise RedisConnectionError("injected: connection lost after the decision")
-            await real_settle(decided, finished, now_ms, reclaim)
+            return await real_settle(decided, finished, now_ms, reclaim)
 
         service.store.settle = settle_fails_once  # type: ignore[method-assign]
         await send(
@@ -220,3 +223,121 @@ async def test_a_sessions_trace_is_kept_while_the_session_is_judged(
         )
         await until(lambda: len(tw.events(ident)) == 2)
         assert history(tw.events(ident)) == [(1, expected), (2, "true" if scorer == "tools" else "false")]
+
+
+async def test_a_revision_to_undetermined_is_revised_after_the_deadline_too(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    # The same spans in one batch after the deadline give TRUE: split over batches they must too.
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000) - 5_000
+    trace, root = new_trace_id(), new_span_id()
+    async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+        await send(
+            producer,
+            cfg,
+            trace,
+            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
+        )
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=3))
+        await tw.mark_complete(trace, span_count=2)
+        first = await tw.wait_for(ident, timeout=30)
+        assert verdict(first) == "false"
+        await send(producer, cfg, trace, chat(trace, root, t0 + 3))
+        await until(lambda: len(tw.events(ident)) == 2)
+        deadline_s = first.decided_at.ToMilliseconds() / 1000 + 3
+        await until(lambda: time.time() > deadline_s, timeout=10)  # the expectation's deadline passes
+        await send(
+            producer, cfg, trace, otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 5, end_ms=t0 + 6)
+        )
+        await until(lambda: len(tw.events(ident)) == 3)
+        assert history(tw.events(ident)) == [(1, "false"), (2, "undetermined"), (3, "true")]
+
+
+async def test_a_fallback_tree_decided_at_its_deadline_is_still_revised(kafka_bootstrap: str, redis_url: str) -> None:
+    # "delete_db never ran", with a text fallback that agrees: decided at once on a complete trace
+    # whose deadline has passed (a backlog). Its TRUE rests on completion all the same.
+    never = ScorerTreeConfig(type="inverter", scorer=ScorerTreeConfig(type="otel_tool_call"))
+    guarded = ScorerTreeConfig(
+        type="fallback",
+        scorer=never,
+        fallback_scorer=ScorerTreeConfig(
+            type="composite",
+            aggregator="or",
+            scorers=[never, ScorerTreeConfig(type="substring", substring="nothing was deleted")],
+        ),
+    )
+    cfg = make_config(kafka_bootstrap, redis_url, scorers={"tools": TREES["tools"], "guarded": guarded})
+    t0 = int(time.time() * 1000) - 5_000
+    trace, root = new_trace_id(), new_span_id()
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+        await send(
+            producer,
+            cfg,
+            trace,
+            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
+        )
+        await tw.mark_complete(trace, span_count=2)
+
+        async def complete() -> bool:
+            st = (await service.store.load_states([("default", trace)])).get(("default", trace))
+            return st is not None and st.marker_count == 2
+
+        await until(complete)
+        scope = MessageScorable(message_id="m1", trace_ids=(trace,), response_text="ok, nothing was deleted")
+        ident = await tw.expect(scope, expects("delete_db"), scorer="guarded", deadline=timedelta(milliseconds=1))
+        first = await tw.wait_for(ident, timeout=30)
+        assert verdict(first) == "true" and first.coverage.complete
+        await send(
+            producer, cfg, trace, otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 3, end_ms=t0 + 4)
+        )
+        await until(lambda: len(tw.events(ident)) == 2)
+        assert history(tw.events(ident)) == [(1, "true"), (2, "false")]
+
+
+async def test_a_span_applied_while_the_sweeper_decides_still_revises(kafka_bootstrap: str, redis_url: str) -> None:
+    # The sweeper decides FALSE (count-less marker, watermark) outside the batch lock; a batch
+    # applies a late span between its compare-and-set and its settle.
+    cfg = make_config(kafka_bootstrap, redis_url, completion={"allowed_lateness_ms": 500})
+    t0 = int(time.time() * 1000) - 5_000
+    trace, root = new_trace_id(), new_span_id()
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+        real_settle = service.store.settle
+        gate = asyncio.Event()
+        held: list[str] = []
+
+        async def settle_held(decided: Any, finished: Any, now_ms: int, reclaim: Any = ()) -> list[tuple[str, str]]:
+            if not held and any(e.expectation_id == "swept" for e in (*decided, *finished)):
+                held.append("swept")
+                await gate.wait()
+            return await real_settle(decided, finished, now_ms, reclaim)
+
+        service.store.settle = settle_held  # type: ignore[method-assign]
+        await send(
+            producer,
+            cfg,
+            trace,
+            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
+        )
+        await tw.expect(
+            TraceScorable(trace_ids=(trace,)),
+            expects("delete_db"),
+            expectation_id="swept",
+            deadline=timedelta(seconds=60),
+        )
+        await settled(service, "default", "swept")
+        await tw.mark_complete(trace)  # no count: complete once the watermark passes it
+        await until(lambda: bool(held))  # the sweeper won the compare-and-set (FALSE), settle held
+        await send(producer, cfg, trace, chat(trace, root, t0 + 3))  # breaks the claim
+
+        async def applied() -> bool:
+            st = (await service.store.load_states([("default", trace)])).get(("default", trace))
+            return st is not None and st.late
+
+        await until(applied)
+        gate.set()
+        await until(lambda: len(tw.events("swept")) == 2)
+        assert history(tw.events("swept")) == [(1, "false"), (2, "undetermined")]

@@ -44,4 +44,7 @@ if reclaim > 0 and next(st.pe) == nil and next(st.ss) == nil then
   -- decided on it, so a span arriving after the state is gone is late and revises them.
   if KEYS[2] then redis.call('SET', KEYS[2], cjson.encode(keys_of(st.de)), 'PX', ARGV[1]) end
 end
+-- 2: a decision recorded on a trace that is late already -- a span broke the completion claim
+-- between its evaluation and now (the sweeper decided while a batch applied it): re-judge it.
+if ARGV[2] == 'done' and st.l == 1 and #ARGV >= 4 then return 2 end
 return 1

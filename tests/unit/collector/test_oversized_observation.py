@@ -127,8 +127,8 @@ async def test_losing_to_a_false_with_contradicting_evidence_asks_for_a_revision
         async def decide_many(self, items: Any) -> list[Decision]:
             return [Decision(False, 1, "sid", b"ev", b"", False, "false") for _ in items]
 
-        async def settle(self, *args: Any) -> None:
-            return None
+        async def settle(self, *args: Any) -> list[tuple[str, str]]:
+            return []
 
     class Exporter:
         async def send_observation(self, *args: Any) -> None:

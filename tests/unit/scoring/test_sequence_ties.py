@@ -149,3 +149,22 @@ def test_the_wrappers_captured_arguments_speak_for_the_call() -> None:
     )
     assert judge(req, evidence([outer, inner], True)).verdict is T
     assert judge(req, evidence([inner], True)).verdict is U
+
+
+interval = st.tuples(st.integers(1, 30), st.integers(0, 12)).map(lambda t: (t[0], t[0] + t[1] if t[1] else 0))
+
+
+@settings(max_examples=400, deadline=None)
+@given(records=st.lists(interval, min_size=1, max_size=6), data=st.data())
+def test_records_of_one_call_never_count_less_as_more_arrive(
+    records: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    # Nested records of one call are one execution; more records (in any order) never lower the
+    # count: a FALSE from "ran more than max_count" on partial evidence is never undone.
+    order = data.draw(st.permutations(records))
+    seen: list[ToolExecution] = []
+    counts: list[int] = []
+    for i, (start, end) in enumerate(order):
+        seen.append(ex("refund", start, end, span=i + 1, call_id="call_1"))
+        counts.append(len(evidence(seen, False).calls))
+    assert counts == sorted(counts)
