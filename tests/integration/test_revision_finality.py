@@ -56,6 +56,14 @@ def history(events: list[score_pb2.ScoreEvent]) -> list[tuple[int, str]]:
     return [(e.version, verdict(e)) for e in sorted(events, key=lambda e: e.version)]
 
 
+def agent_ran(trace: str, root: bytes, t0: int, tool: str, attrs: dict[str, Any] | None = None) -> list[Any]:
+    """An agent's root span and one tool execution under it."""
+    return [
+        otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50, attrs=attrs),
+        otlp_span(trace, parent=root, tool=tool, start_ms=t0 + 1, end_ms=t0 + 2, attrs=attrs),
+    ]
+
+
 def chat(trace: str, parent: bytes, t: int) -> Any:
     return otlp_span(
         trace, parent=parent, name="chat", start_ms=t, end_ms=t + 1, attrs={"gen_ai.operation.name": "chat"}
@@ -82,13 +90,7 @@ async def test_a_verdict_presence_proves_is_not_revised_by_an_unrelated_late_spa
         control_client(cfg) as tw,
         raw_producer(cfg) as producer,
     ):
-        await send(
-            producer,
-            cfg,
-            trace,
-            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-            otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 1, end_ms=t0 + 2),
-        )
+        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "delete_db"))
         await tw.mark_complete(trace, span_count=2)
         # "delete_db ran" TRUE / "delete_db never ran" FALSE, decided on complete coverage, but
         # the delete_db span alone proves either
@@ -121,13 +123,7 @@ async def test_a_revision_to_undetermined_is_revised_again_when_evidence_decides
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
     async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
-        await send(
-            producer,
-            cfg,
-            trace,
-            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
-        )
+        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         ident = await tw.expect(
             TraceScorable(trace_ids=(trace,)), expects("delete_db"), scorer=scorer, deadline=timedelta(seconds=120)
         )
@@ -148,13 +144,7 @@ async def test_a_revision_whose_settle_failed_is_sent_on_the_replay(kafka_bootst
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
     async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
-        await send(
-            producer,
-            cfg,
-            trace,
-            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
-        )
+        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         ident = await tw.expect(
             TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=120)
         )
@@ -197,13 +187,7 @@ async def test_a_sessions_trace_is_kept_while_the_session_is_judged(
         control_client(cfg) as tw,
         raw_producer(cfg) as producer,
     ):
-        await send(
-            producer,
-            cfg,
-            trace,
-            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50, attrs=attrs),
-            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2, attrs=attrs),
-        )
+        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search", attrs))
         ident = await tw.expect(
             SessionScorable(session_id=session), expects("delete_db"), scorer=scorer, deadline=timedelta(seconds=60)
         )
@@ -233,13 +217,7 @@ async def test_a_revision_to_undetermined_is_revised_after_the_deadline_too(
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
     async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
-        await send(
-            producer,
-            cfg,
-            trace,
-            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
-        )
+        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=3))
         await tw.mark_complete(trace, span_count=2)
         first = await tw.wait_for(ident, timeout=30)
@@ -272,13 +250,7 @@ async def test_a_fallback_tree_decided_at_its_deadline_is_still_revised(kafka_bo
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
     async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
-        await send(
-            producer,
-            cfg,
-            trace,
-            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
-        )
+        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         await tw.mark_complete(trace, span_count=2)
 
         async def complete() -> bool:
@@ -315,13 +287,7 @@ async def test_a_span_applied_while_the_sweeper_decides_still_revises(kafka_boot
             return await real_settle(decided, finished, now_ms, reclaim)
 
         service.store.settle = settle_held  # type: ignore[method-assign]
-        await send(
-            producer,
-            cfg,
-            trace,
-            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
-        )
+        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         await tw.expect(
             TraceScorable(trace_ids=(trace,)),
             expects("delete_db"),
