@@ -275,6 +275,8 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any, s
     verbatim (``TOOLWITNESS_KAFKA__GROUP_ID=2024`` is the group "2024")."""
     out: list[tuple[tuple[str, ...], Any, str]] = []
     near = {"_".join(p).upper(): "__".join(p).upper() for p in _config_paths() if len(p) > 1}
+    # a misspelt top-level key (TOOLWITNESS_LOGLEVEL): the same letters without underscores
+    squeezed = {k.replace("_", ""): k for k in _SHORTHANDS}
     for key, raw in sorted(env.items()):
         path: tuple[str, ...] | None = None
         if key in _SHORTHANDS:
@@ -286,6 +288,8 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any, s
                 "config: %s is not read (levels are separated by two underscores: did you mean %s%s?)",
                 key, ENV_PREFIX, near[key[len(ENV_PREFIX) :]],
             )
+        elif key.replace("_", "") in squeezed and key not in _SHORTHANDS:
+            log.warning("config: %s is not read (did you mean %s?)", key, squeezed[key.replace("_", "")])
         if path is None:
             continue
         value: Any = raw
@@ -311,6 +315,13 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         data = loaded or {}
     sources: dict[str, str] = {}
     for p, v, var in _env_overrides(os.environ if env is None else env):
+        named = data.get("scorers")
+        if len(p) > 1 and p[0] == "scorers" and isinstance(named, dict) and p[1] not in named:
+            # environment names are upper case: TOOLWITNESS_SCORERS__MYTOOLS__... means the
+            # file's scorer myTools (scorer names keep their case)
+            same = [n for n in named if isinstance(n, str) and n.lower() == p[1]]
+            if len(same) == 1:
+                p = (p[0], same[0], *p[2:])
         _set_path(data, p, v)
         sources[".".join(p)] = var
     try:

@@ -182,3 +182,17 @@ def test_an_env_mapping_overrides_only_the_keys_it_names(tmp_path: Path) -> None
     cfg = load_config(p, env={"TOOLWITNESS_KAFKA__TOPICS": '{"spans": "a.spans-v2"}'})
     topics = cfg.kafka.topics
     assert (topics.spans, topics.control, topics.dlq) == ("a.spans-v2", "a.control", "a.dlq")
+
+
+def test_env_scorer_names_keep_their_case_and_top_level_typos_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text('scorers:\n  myTools:\n    type: substring\n    substring: "can\'t"\n')
+    with caplog.at_level("WARNING", logger="toolwitness.config"):
+        cfg = load_config(p, env={"TOOLWITNESS_SCORERS__MYTOOLS__SUBSTRING": "won't", "TOOLWITNESS_LOGLEVEL": "DEBUG"})
+    assert cfg.scorers["myTools"].substring == "won't"  # the file's scorer, not a new "mytools"
+    assert cfg.log_level == "INFO"
+    assert [r.getMessage() for r in caplog.records] == [
+        "config: TOOLWITNESS_LOGLEVEL is not read (did you mean TOOLWITNESS_LOG_LEVEL?)"
+    ]
