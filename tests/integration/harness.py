@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from collector.client import ToolwitnessClient, build_expectation
-from collector.config import ServiceConfig, TopicsConfig
+from collector.config import ScorerTreeConfig, ServiceConfig, TopicsConfig
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor
 from collector.pipeline.checkpoint import Batch, BatchResult
 from collector.pipeline.service import ToolwitnessService
@@ -145,6 +145,31 @@ async def settled(service: ToolwitnessService, tenant: str, expectation_id: str)
 
 def verdict(ev: score_pb2.ScoreEvent) -> str:
     return {1: "true", 2: "false", 3: "undetermined"}.get(ev.status, "unspecified")
+
+
+#: scorer trees for expectations that need completion to be TRUE: "never ran" is not_tools
+TOOL_TREES = {
+    "tools": ScorerTreeConfig(type="otel_tool_call"),
+    "not_tools": ScorerTreeConfig(type="inverter", scorer=ScorerTreeConfig(type="otel_tool_call")),
+}
+
+
+def history(events: Sequence[score_pb2.ScoreEvent]) -> list[tuple[int, str]]:
+    """(version, verdict) of an expectation's score events, oldest version first."""
+    return [(e.version, verdict(e)) for e in sorted(events, key=lambda e: e.version)]
+
+
+async def send_spans(producer: AIOKafkaProducer, cfg: ServiceConfig, trace: str, *spans: Any, tenant: str = "") -> None:
+    """One OTLP record of ``spans`` keyed by the trace id; ``tenant``: named by the resource
+    attribute (the kafkaexporter path: no header)."""
+    req = otlp_request(list(spans))
+    if tenant:
+        req.resource_spans[0].resource.attributes.add(key="toolwitness.tenant").value.string_value = tenant
+    await producer.send_and_wait(cfg.kafka.topics.spans, req.SerializeToString(), key=trace.encode())
+
+
+async def gone(redis: Redis, key: str) -> bool:
+    return not await redis.exists(key)
 
 
 # ------------------------------------------------------------------------------------------------

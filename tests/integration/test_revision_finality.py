@@ -16,44 +16,30 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from collector.config import ScorerTreeConfig, ServiceConfig
-from collector.wire.gen import score_pb2
+from collector.config import ScorerTreeConfig
 from scoring.models import MessageScorable, SessionScorable, TraceScorable
 from tests.integration.harness import (
+    TOOL_TREES,
     control_client,
     expects,
+    gone,
+    history,
     make_config,
     new_span_id,
     new_trace_id,
-    otlp_request,
     otlp_span,
     raw_producer,
     running_service,
+    send_spans,
     settled,
     until,
     verdict,
 )
 
 pytestmark = pytest.mark.integration
-
-TREES = {
-    "tools": ScorerTreeConfig(type="otel_tool_call"),
-    "not_tools": ScorerTreeConfig(type="inverter", scorer=ScorerTreeConfig(type="otel_tool_call")),
-}
-
-
-async def send(producer: AIOKafkaProducer, cfg: ServiceConfig, trace: str, *spans: Any) -> None:
-    await producer.send_and_wait(
-        cfg.kafka.topics.spans, otlp_request(list(spans)).SerializeToString(), key=trace.encode()
-    )
-
-
-def history(events: list[score_pb2.ScoreEvent]) -> list[tuple[int, str]]:
-    return [(e.version, verdict(e)) for e in sorted(events, key=lambda e: e.version)]
 
 
 def agent_ran(trace: str, root: bytes, t0: int, tool: str, attrs: dict[str, Any] | None = None) -> list[Any]:
@@ -70,17 +56,13 @@ def chat(trace: str, parent: bytes, t: int) -> Any:
     )
 
 
-async def _gone(r: Redis, key: str) -> bool:
-    return not await r.exists(key)
-
-
 @pytest.mark.parametrize("reclaimed", [False, True])
 @pytest.mark.parametrize(("scorer", "expected"), [("tools", "true"), ("not_tools", "false")])
 async def test_a_verdict_presence_proves_is_not_revised_by_an_unrelated_late_span(
     kafka_bootstrap: str, redis_url: str, reclaimed: bool, scorer: str, expected: str
 ) -> None:
     cfg = make_config(
-        kafka_bootstrap, redis_url, scorers=TREES, redis={"completed_ttl_seconds": 1 if reclaimed else 600}
+        kafka_bootstrap, redis_url, scorers=TOOL_TREES, redis={"completed_ttl_seconds": 1 if reclaimed else 600}
     )
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
@@ -90,7 +72,7 @@ async def test_a_verdict_presence_proves_is_not_revised_by_an_unrelated_late_spa
         control_client(cfg) as tw,
         raw_producer(cfg) as producer,
     ):
-        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "delete_db"))
+        await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "delete_db"))
         await tw.mark_complete(trace, span_count=2)
         # "delete_db ran" TRUE / "delete_db never ran" FALSE, decided on complete coverage, but
         # the delete_db span alone proves either
@@ -100,8 +82,8 @@ async def test_a_verdict_presence_proves_is_not_revised_by_an_unrelated_late_spa
         first = await tw.wait_for(ident, timeout=30)
         assert verdict(first) == expected and first.coverage.complete
         if reclaimed:
-            await until(lambda: _gone(r, service.store.k.state("default", trace)), timeout=20)
-        await send(producer, cfg, trace, chat(trace, root, t0 + 3))  # breaks the completion claim
+            await until(lambda: gone(r, service.store.k.state("default", trace)), timeout=20)
+        await send_spans(producer, cfg, trace, chat(trace, root, t0 + 3))  # breaks the completion claim
 
         async def applied() -> bool:  # the late span is in the trace's state: its batch ran
             st = (await service.store.load_states([("default", trace)])).get(("default", trace))
@@ -119,20 +101,20 @@ async def test_a_verdict_presence_proves_is_not_revised_by_an_unrelated_late_spa
 async def test_a_revision_to_undetermined_is_revised_again_when_evidence_decides_it(
     kafka_bootstrap: str, redis_url: str, scorer: str, first: str, last: str
 ) -> None:
-    cfg = make_config(kafka_bootstrap, redis_url, scorers=TREES)
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
     async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
-        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
+        await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         ident = await tw.expect(
             TraceScorable(trace_ids=(trace,)), expects("delete_db"), scorer=scorer, deadline=timedelta(seconds=120)
         )
         await tw.mark_complete(trace, span_count=2)
         assert verdict(await tw.wait_for(ident, timeout=30)) == first
-        await send(producer, cfg, trace, chat(trace, root, t0 + 3))  # the claim breaks: no longer decided
+        await send_spans(producer, cfg, trace, chat(trace, root, t0 + 3))  # the claim breaks: no longer decided
         await until(lambda: len(tw.events(ident)) == 2)
         # then the span that settles it, in another batch: the same answer as if both came together
-        await send(
+        await send_spans(
             producer, cfg, trace, otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 5, end_ms=t0 + 6)
         )
         await until(lambda: len(tw.events(ident)) == 3)
@@ -144,7 +126,7 @@ async def test_a_revision_whose_settle_failed_is_sent_on_the_replay(kafka_bootst
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
     async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
-        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
+        await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         ident = await tw.expect(
             TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=120)
         )
@@ -162,7 +144,7 @@ async def test_a_revision_whose_settle_failed_is_sent_on_the_replay(kafka_bootst
             return await real_settle(decided, finished, now_ms, reclaim)
 
         service.store.settle = settle_fails_once  # type: ignore[method-assign]
-        await send(
+        await send_spans(
             producer, cfg, trace, otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 3, end_ms=t0 + 4)
         )
         await until(lambda: len(tw.events(ident)) == 2)
@@ -177,7 +159,7 @@ async def test_a_sessions_trace_is_kept_while_the_session_is_judged(
 ) -> None:
     # completed_ttl_seconds 1 stands in for the default 300 s: a conversation whose end comes
     # minutes after its first trace was complete
-    cfg = make_config(kafka_bootstrap, redis_url, scorers=TREES, redis={"completed_ttl_seconds": 1})
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES, redis={"completed_ttl_seconds": 1})
     t0 = int(time.time() * 1000) - 5_000
     session, trace, root = f"s-{new_trace_id()[:8]}", new_trace_id(), new_span_id()
     attrs = {"gen_ai.conversation.id": session}
@@ -187,7 +169,7 @@ async def test_a_sessions_trace_is_kept_while_the_session_is_judged(
         control_client(cfg) as tw,
         raw_producer(cfg) as producer,
     ):
-        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search", attrs))
+        await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "search", attrs))
         ident = await tw.expect(
             SessionScorable(session_id=session), expects("delete_db"), scorer=scorer, deadline=timedelta(seconds=60)
         )
@@ -202,7 +184,7 @@ async def test_a_sessions_trace_is_kept_while_the_session_is_judged(
         ev = await tw.wait_for(ident, timeout=30)
         assert verdict(ev) == expected and ev.coverage.complete
         # and a late span in that trace still revises the session's verdict
-        await send(
+        await send_spans(
             producer, cfg, trace, otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 3, end_ms=t0 + 4)
         )
         await until(lambda: len(tw.events(ident)) == 2)
@@ -217,16 +199,16 @@ async def test_a_revision_to_undetermined_is_revised_after_the_deadline_too(
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
     async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
-        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
+        await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=3))
         await tw.mark_complete(trace, span_count=2)
         first = await tw.wait_for(ident, timeout=30)
         assert verdict(first) == "false"
-        await send(producer, cfg, trace, chat(trace, root, t0 + 3))
+        await send_spans(producer, cfg, trace, chat(trace, root, t0 + 3))
         await until(lambda: len(tw.events(ident)) == 2)
         deadline_s = first.decided_at.ToMilliseconds() / 1000 + 3
         await until(lambda: time.time() > deadline_s, timeout=10)  # the expectation's deadline passes
-        await send(
+        await send_spans(
             producer, cfg, trace, otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 5, end_ms=t0 + 6)
         )
         await until(lambda: len(tw.events(ident)) == 3)
@@ -246,11 +228,11 @@ async def test_a_fallback_tree_decided_at_its_deadline_is_still_revised(kafka_bo
             scorers=[never, ScorerTreeConfig(type="substring", substring="nothing was deleted")],
         ),
     )
-    cfg = make_config(kafka_bootstrap, redis_url, scorers={"tools": TREES["tools"], "guarded": guarded})
+    cfg = make_config(kafka_bootstrap, redis_url, scorers={"tools": TOOL_TREES["tools"], "guarded": guarded})
     t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
     async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
-        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
+        await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         await tw.mark_complete(trace, span_count=2)
 
         async def complete() -> bool:
@@ -262,7 +244,7 @@ async def test_a_fallback_tree_decided_at_its_deadline_is_still_revised(kafka_bo
         ident = await tw.expect(scope, expects("delete_db"), scorer="guarded", deadline=timedelta(milliseconds=1))
         first = await tw.wait_for(ident, timeout=30)
         assert verdict(first) == "true" and first.coverage.complete
-        await send(
+        await send_spans(
             producer, cfg, trace, otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 3, end_ms=t0 + 4)
         )
         await until(lambda: len(tw.events(ident)) == 2)
@@ -287,7 +269,7 @@ async def test_a_span_applied_while_the_sweeper_decides_still_revises(kafka_boot
             return await real_settle(decided, finished, now_ms, reclaim)
 
         service.store.settle = settle_held  # type: ignore[method-assign]
-        await send(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
+        await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
         await tw.expect(
             TraceScorable(trace_ids=(trace,)),
             expects("delete_db"),
@@ -297,7 +279,7 @@ async def test_a_span_applied_while_the_sweeper_decides_still_revises(kafka_boot
         await settled(service, "default", "swept")
         await tw.mark_complete(trace)  # no count: complete once the watermark passes it
         await until(lambda: bool(held))  # the sweeper won the compare-and-set (FALSE), settle held
-        await send(producer, cfg, trace, chat(trace, root, t0 + 3))  # breaks the claim
+        await send_spans(producer, cfg, trace, chat(trace, root, t0 + 3))  # breaks the claim
 
         async def applied() -> bool:
             st = (await service.store.load_states([("default", trace)])).get(("default", trace))
