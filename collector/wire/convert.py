@@ -355,11 +355,27 @@ def observation_to_proto(o: Observation) -> score_pb2.Observation:
     msg = score_pb2.Observation(
         observation_id=o.observation_id,
         scope=scope_to_proto(o.scorable),  # type: ignore[arg-type]
-        tool_executions=[execution_to_proto(e) for e in o.tool_executions],
         coverage=coverage_to_proto(o.coverage),
         acquisition=_ACQ[o.acquisition],
         normalization_version=o.normalization_version,
     )
+    # ``execution_to_proto`` inlined into ``add``: one message each, not one built and then copied
+    # (the service encodes every execution of every observation it publishes).
+    add = msg.tool_executions.add
+    for e in o.tool_executions:
+        d = e.__dict__
+        add(
+            name=d["name"],
+            trace_id=d["trace_id"],
+            span_id=d["span_id"],
+            call_id=d["call_id"] or "",
+            status=_EXEC_STATUS[d["status"]],
+            start_time_unix_nano=d["start_time_unix_nano"],
+            end_time_unix_nano=d["end_time_unix_nano"],
+            arguments_json=d["arguments"] or "",
+            arguments_state=_CAPTURE[d["arguments_state"]],
+            convention=d["convention"],
+        )
     set_timestamp(msg.captured_at, o.captured_at)
     return msg
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scoring.models.scorables import AnyScorable
@@ -171,6 +172,19 @@ def canonical_json(value: object) -> str:
     return _CANONICAL.encode(value)
 
 
+def _content_bytes(content: dict[str, object]) -> bytes:
+    """``canonical_json(content).encode()`` for an observation's content, about three times faster.
+
+    orjson writes the same bytes for what that content can hold: str keys; str, str-enum, int,
+    bool and None values; no floats (no observation field is one). What orjson refuses (an int
+    beyond 64 bits, a lone surrogate) takes the reference path, which behaves as it always did.
+    ``tests/unit/scoring/test_observation_id.py`` holds the two equal."""
+    try:
+        return orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return canonical_json(content).encode()
+
+
 class Observation(_Frozen):
     """An immutable evidence snapshot: anyone can re-score it without the trace store.
 
@@ -203,7 +217,7 @@ class Observation(_Frozen):
         return self
 
     def content_hash(self) -> str:
-        return hashlib.sha256(canonical_json(self._content()).encode()).hexdigest()
+        return hashlib.sha256(_content_bytes(self._content())).hexdigest()
 
     def _content(self) -> dict[str, object]:
         """What the id covers, as ``model_dump(mode="json")`` gives it minus ``observation_id`` and

@@ -93,6 +93,13 @@ def test_content_hash_is_the_hash_of_the_canonical_dump(
     assert built.content_hash() == o.observation_id
 
 
+def test_what_the_fast_writer_refuses_is_hashed_by_the_definition() -> None:
+    # orjson writes 64-bit integers only; the reference path takes the rest, with the same id.
+    huge = ToolExecution(name="t", start_time_unix_nano=2**70, end_time_unix_nano=2**64)
+    o = Observation(scorable=SessionScorable(session_id="s"), tool_executions=(huge,))
+    assert o.observation_id == reference_hash(o)
+
+
 def test_content_scorable_and_content_fields_covered() -> None:
     # Every field but the id and capture time is covered: a field added to Observation must be
     # added to _content too, or its value would not change the id.
