@@ -10,6 +10,8 @@ noisy machine:
   until every span is applied and every batch's scores are produced (one expectation per trace
   registered beforehand through the control topic, so each trace is decided TRUE on the way);
   ``ratio = end to end / floor``;
+- **ingest only**: the same kind of backlog (fresh trace ids) drained with no expectation
+  registered, so what one decision costs the service is read off the two rates of this run;
 - **time to verdict** p50/p99 at a stated load: a paced producer (its own process, so it does
   not share an interpreter with the service) sends traces at the target span rate; for each
   trace an expectation "tool X ran" was registered before. Latency = from the moment the record
@@ -965,6 +967,13 @@ def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
     if e.get("cpu"):
         t.add_row("  CPU while draining (cores)", f"{e['cpu']['cores_busy']:.2f}", busy_text(e["cpu"]))
     t.add_row("ratio end to end / floor", f"{report['ratio']:.2f}", "")
+    ing = report["ingest"]
+    t.add_row(
+        "ingest only: no expectation registered",
+        f"{ing['spans_per_s']:,.0f} spans/s",
+        f"{report['ingest_ratio']:.2f} of the floor; so one decision (evaluate, compare-and-set, score + "
+        f"observation produced, marked published) costs {report['us_per_decision']:,.0f} us of the service's time",
+    )
     for run in report.get("instances", []):
         t.add_row(
             f"service instances: {run['instances']} process(es)",
@@ -1085,6 +1094,17 @@ async def run_pipeline_bench(
         return 2
     targets = _targets(report, rate)
     return emit(report, targets, _table(report, targets), as_json, out)
+
+
+async def ingest_only(rig: Rig, traces: Sequence[BenchTrace], progress: Progress) -> dict[str, Any]:
+    """Drain ``traces`` with the in-process service on fresh topics where no expectation is registered."""
+    cfg = rig.config()
+    await rig.topics(cfg)
+    records = [(t.trace_id.encode(), r) for t in traces for r in t.records]
+    tid, adv = task(progress, "produce ingest-only backlog", len(records))
+    await _produce(cfg.kafka, cfg.kafka.topics.spans, records, adv)
+    progress.remove_task(tid)
+    return await drain_in_process(cfg, sum(_spans_in(r) for _, r in records), progress, desc="ingest only: service")
 
 
 async def run_instances_phase(rig: Rig, traces: Sequence[BenchTrace], n: int, progress: Progress) -> dict[str, Any]:
@@ -1226,7 +1246,11 @@ async def _run(
                 # 6. time to verdict at a stated load ----------------------------------------------------
                 lat = await latency_at(cfg, svc, redis, later, rate, progress, seconds=latency_seconds)
 
-            # 7. the same backlog through 1 and 2 service processes -----------------------------------------
+            # 7. ingest only: the same kind of backlog (fresh trace ids) with no expectation registered:
+            # what applying spans costs without a decision, so a decision's own cost can be read off.
+            ingest = await ingest_only(rig, make_traces(n_traces), progress)
+
+            # 8. the same backlog through 1 and 2 service processes -----------------------------------------
             runs = [await run_instances_phase(rig, backlog, n, progress) for n in instances]
     finally:
         await redis.aclose()
@@ -1246,6 +1270,10 @@ async def _run(
             "ratio_ceiling": normalized["spans_per_s"] / floor_mean,
             "e2e": e2e,
             "ratio": e2e["spans_per_s"] / floor_mean,
+            "ingest": ingest,
+            "ingest_ratio": ingest["spans_per_s"] / floor_mean,
+            # CPU-free arithmetic on two rates of this run: each trace here is one decision
+            "us_per_decision": (1 / e2e["spans_per_s"] - 1 / ingest["spans_per_s"]) * TRACE_SPANS * 1e6,
             "latency": lat,
             "redis": redis_report,
             "instances": runs,

@@ -48,6 +48,10 @@ async def test_bench_pipeline_smoke(kafka_bootstrap: str, redis_url: str, capsys
     assert e2e["offsets_committed"] is True
     assert e2e["cpu"]["busy"]["bench"] > 0
     assert report["ratio"] == e2e["spans_per_s"] / mean > 0
+    ingest = report["ingest"]
+    assert ingest["spans"] == 2000 and report["ingest_ratio"] == ingest["spans_per_s"] / mean > 0
+    per_decision = (1 / e2e["spans_per_s"] - 1 / ingest["spans_per_s"]) * 25 * 1e6
+    assert report["us_per_decision"] == pytest.approx(per_decision)
 
     lat = report["latency"]
     assert lat["traces"] == 80 and lat["achieved_rate"] > 0
