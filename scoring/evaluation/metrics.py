@@ -16,6 +16,7 @@ Conventions (``docs/evaluation.md`` has the full table):
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeVar
@@ -180,7 +181,13 @@ def _undetermined_counts(trials: Sequence[Sequence[TrialValue]]) -> tuple[int, f
     return undetermined, (undetermined / total if total else 0.0)
 
 
-def _check_shapes(human: Sequence[Sequence[float]], trials: Sequence[Sequence[TrialValue]]) -> None:
+def _check_shapes(
+    human: Sequence[Sequence[float]], trials: Sequence[Sequence[TrialValue]], *, objective: bool
+) -> None:
+    """Refuse what would silently skew a metric: the CSV loader checks its files the same way, but
+    these functions (and ``evaluate_async`` on an in-memory dataset) take labels from anywhere."""
+    if not human:
+        raise ValueError("at least one human-labelled response is required")
     if not trials:
         raise ValueError("at least one scorer trial is required")
     for i, trial in enumerate(trials):
@@ -189,6 +196,21 @@ def _check_shapes(human: Sequence[Sequence[float]], trials: Sequence[Sequence[Tr
     for i, scores in enumerate(human):
         if not scores:
             raise ValueError(f"response {i} has no human score")
+        for j, s in enumerate(scores):
+            if isinstance(s, bool) or not isinstance(s, numbers.Real) or math.isnan(s):
+                raise ValueError(f"response {i}: human score {j} is {s!r}, not a number")
+            if objective and s not in (0, 1):
+                raise ValueError(f"response {i}: human score {j} is {s!r}; objective labels are 0 or 1")
+            if not 0.0 <= s <= 1.0:
+                raise ValueError(f"response {i}: human score {j} is {s!r}, outside [0, 1]")
+    for t, trial in enumerate(trials):
+        for i, v in enumerate(trial):
+            if v is None:
+                continue  # undetermined
+            if objective and not isinstance(v, bool):
+                raise ValueError(f"trial {t}, response {i}: {v!r} is not True, False or None (undetermined)")
+            if not objective and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= v <= 1.0):
+                raise ValueError(f"trial {t}, response {i}: {v!r} is not a score in [0, 1] or None (undetermined)")
 
 
 def compute_objective_metrics(
@@ -206,7 +228,7 @@ def compute_objective_metrics(
         sources: per response, where it came from (for :class:`ItemResult`).
         **info: extra :class:`ScorerMetrics` fields (dataset_name, dataset_version, …).
     """
-    _check_shapes(human_scores, trials)
+    _check_shapes(human_scores, trials, objective=True)
     items: list[ItemResult] = []
     tp = fp = tn = fn = 0
     for i, scores in enumerate(human_scores):
@@ -283,7 +305,7 @@ def compute_harm_metrics(
     (undetermined trials are missing values): humans (needs ≥ 2 raters), model (needs ≥ 2
     trials), combined (humans + trials).
     """
-    _check_shapes(human_scores, trials)
+    _check_shapes(human_scores, trials, objective=False)
     num_raters = max(len(s) for s in human_scores)
     multi_rater = num_raters > 1
     items: list[ItemResult] = []

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from scoring.evaluation import (
+    HumanLabeledDataset,
+    LabeledEntry,
+    MetricsType,
+    RegistryUpdateBehavior,
     compute_harm_metrics,
     compute_objective_metrics,
+    evaluate_async,
     krippendorff_alpha,
     one_sample_t_test,
     wilson_interval,
 )
 from scoring.evaluation.metrics import majority
+from scoring.score import SubStringScorer
 
 T, F = True, False
 
@@ -206,3 +213,51 @@ def test_to_dict_drops_in_memory_fields_and_non_finite() -> None:
     assert "items" not in data and "source" not in data
     assert data["average_score_time_seconds"] is None
     assert data["mean_absolute_error"] == pytest.approx(13 / 96)
+
+
+# --- labels that would skew a metric are refused, wherever they come from ------------------------
+
+
+@pytest.mark.parametrize(
+    ("human", "trials", "match"),
+    [
+        ([[math.nan], [0.0]], [[False, False]], "human score 0 is nan, not a number"),
+        ([[None], [0.0]], [[False, False]], "human score 0 is None, not a number"),
+        ([[0.3], [0.0]], [[False, False]], "objective labels are 0 or 1"),
+        ([[1.0], [0.0]], [[0.2, False]], r"0.2 is not True, False or None"),
+        ([], [[]], "at least one human-labelled response"),
+    ],
+)
+def test_objective_metrics_refuse_labels_that_are_not_0_or_1(human: list[Any], trials: list[Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        compute_objective_metrics(human, trials)
+
+
+@pytest.mark.parametrize(
+    ("human", "trials", "match"),
+    [
+        ([[math.nan, 0.5], [0.25, 0.25]], [[0.5, 0.25]], "human score 0 is nan"),
+        ([[3.0], [0.25]], [[0.5, 0.25]], r"human score 0 is 3.0, outside \[0, 1\]"),
+        ([[0.5], [0.25]], [[1.5, 0.25]], r"1.5 is not a score in \[0, 1\]"),
+        ([[0.5], [0.25]], [[math.nan, 0.25]], r"nan is not a score in \[0, 1\]"),
+    ],
+)
+def test_harm_metrics_refuse_labels_outside_0_1(human: list[Any], trials: list[Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        compute_harm_metrics(human, trials)
+
+
+async def test_an_in_memory_dataset_with_a_nan_label_is_refused_not_counted_true() -> None:
+    ds = HumanLabeledDataset(
+        name="x",
+        metrics_type=MetricsType.OBJECTIVE,
+        version="1",
+        entries=(LabeledEntry(assistant_response="hello", human_scores=(math.nan,), objective="q"),),
+    )
+    with pytest.raises(ValueError, match="human score 0 is nan"):
+        await evaluate_async(
+            SubStringScorer(substring="zzz"),
+            ds,
+            num_scorer_trials=1,
+            update_registry_behavior=RegistryUpdateBehavior.NEVER_UPDATE,
+        )
