@@ -181,9 +181,7 @@ def _undetermined_counts(trials: Sequence[Sequence[TrialValue]]) -> tuple[int, f
     return undetermined, (undetermined / total if total else 0.0)
 
 
-def _check_shapes(
-    human: Sequence[Sequence[float]], trials: Sequence[Sequence[TrialValue]], *, objective: bool
-) -> None:
+def _check_shapes(human: Sequence[Sequence[float]], trials: Sequence[Sequence[TrialValue]], *, objective: bool) -> None:
     """Refuse what would silently skew a metric: the CSV loader checks its files the same way, but
     these functions (and ``evaluate_async`` on an in-memory dataset) take labels from anywhere."""
     if not human:
