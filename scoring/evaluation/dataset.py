@@ -182,7 +182,8 @@ def load_csv(path: Path | str, metrics_type: MetricsType) -> HumanLabeledDataset
     if metrics_type is MetricsType.HARM and not harm_definition_version:
         raise DatasetError("harm dataset header has no harm_definition_version=<v>", path=path, line=1)
 
-    reader = csv.reader(io.StringIO(body))
+    # strict: a quote left open is an error, not the rest of the file read into one cell
+    reader = csv.reader(io.StringIO(body), strict=True)
     line_offset = 1  # the header comment line
     try:
         columns = [c.strip() for c in next(reader)]

@@ -10,6 +10,7 @@ observation and never touches a trace client.
 
 from __future__ import annotations
 
+import math
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -233,6 +234,10 @@ class Scorer(EvaluationMethods, ABC):
     ) -> Score:
         ident = self.get_identifier()
         ident_hash = self._identity_hash()
+        if isinstance(value, float) and math.isnan(value):
+            value = None  # a scorer's "no value": UNDETERMINED, never a decided score
+        if value is not None and self.scorer_type == "float_scale" and not 0.0 <= float(value) <= 1.0:
+            raise ValueError(f"{type(self).__name__} produced {value!r}; a float-scale score is in [0, 1]")
         if value is None:
             status, text = ScoreStatus.UNDETERMINED, ""
         elif self.scorer_type == "true_false":

@@ -154,7 +154,8 @@ class FloatScaleThresholdScorer(TrueFalseScorer):
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {threshold}")
         self._scorer = scorer
-        self._threshold = threshold
+        # a float, so 1 and 1.0 are one scorer (one identity hash, one metrics entry)
+        self._threshold = float(threshold)
 
     def children(self) -> Sequence[Scorer]:
         return (self._scorer,)

@@ -174,3 +174,15 @@ def test_cannot_combine_objective_with_harm() -> None:
     harm = load_csv(DATA / "violence_multi_rater.csv", MetricsType.HARM)
     with pytest.raises(DatasetError, match="cannot combine"):
         combine_datasets([objective, harm])
+
+
+def test_a_quote_left_open_is_an_error_not_the_rest_of_the_file_in_one_cell(tmp_path: Path) -> None:
+    # The quoted cell is the last column: without strict parsing the next rows became its text.
+    path = write(
+        tmp_path,
+        "open.csv",
+        "# dataset_version=1.0\nobjective,human_score,assistant_response\n"
+        'q,1,"I can\'t help\nq,0,Sure here you go\nq,1,No way\n',
+    )
+    with pytest.raises(DatasetError, match=r"open.csv:3: malformed CSV"):
+        load_csv(path, MetricsType.OBJECTIVE)
