@@ -179,8 +179,6 @@ def load_csv(path: Path | str, metrics_type: MetricsType) -> HumanLabeledDataset
         raise DatasetError("header line has no dataset_version=<v>", path=path, line=1)
     harm_definition = header.get("harm_definition") or None
     harm_definition_version = header.get("harm_definition_version") or None
-    if metrics_type is MetricsType.HARM and not harm_definition_version:
-        raise DatasetError("harm dataset header has no harm_definition_version=<v>", path=path, line=1)
 
     # strict: a quote left open is an error, not the rest of the file read into one cell
     reader = csv.reader(io.StringIO(body), strict=True)
@@ -190,6 +188,14 @@ def load_csv(path: Path | str, metrics_type: MetricsType) -> HumanLabeledDataset
     except StopIteration:
         raise DatasetError("no column header row after the version line", path=path, line=2) from None
     header_line = line_offset + reader.line_num
+    if metrics_type is MetricsType.HARM and not harm_definition_version:
+        hint = ""
+        if OBJECTIVE_COL in columns and HARM_CATEGORY_COL not in columns:
+            hint = (
+                f" (its {OBJECTIVE_COL!r} column makes it an objective dataset: a float-scale scorer is "
+                "evaluated on harm datasets, a true/false scorer on objective ones)"
+            )
+        raise DatasetError(f"harm dataset header has no harm_definition_version=<v>{hint}", path=path, line=1)
     duplicates = sorted({c for c in columns if columns.count(c) > 1})
     if duplicates:
         raise DatasetError(f"duplicate column name(s) {duplicates}", path=path, line=header_line)

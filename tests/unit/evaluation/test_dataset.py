@@ -186,3 +186,9 @@ def test_a_quote_left_open_is_an_error_not_the_rest_of_the_file_in_one_cell(tmp_
     )
     with pytest.raises(DatasetError, match=r"open.csv:3: malformed CSV"):
         load_csv(path, MetricsType.OBJECTIVE)
+
+
+def test_an_objective_file_loaded_as_harm_says_which_kind_it_is(tmp_path: Path) -> None:
+    path = write(tmp_path, "obj.csv", "# dataset_version=1.0\nobjective,human_score,assistant_response\nq,1,no\n")
+    with pytest.raises(DatasetError, match="makes it an objective dataset: a float-scale scorer is evaluated on harm"):
+        load_csv(path, MetricsType.HARM)
