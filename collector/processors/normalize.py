@@ -44,8 +44,8 @@ _CAPTURE_STATES = {v: k for k, v in _CAPTURE_CODES.items()}
 def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> list[Any]:
     """A tool execution as the compact array the trace state keeps (memory per trace is bounded).
 
-    ``[span_id, name, failed 0/1 (2 = not known), start ns (string: Lua numbers are doubles), duration µs
-    (-1 = not ended), capture code 0 captured / 1 absent / 2 truncated, arguments, call id,
+    ``[span_id, name, failed 0/1 (2 = not known), start ns, end - start ns ("" = not ended; both strings:
+    Lua numbers are doubles), capture code 0 captured / 1 absent / 2 truncated, arguments, call id,
     openinference 0/1]``; trailing defaults (empty call id, GenAI convention) are left off.
     """
     return pack_tool(
@@ -73,13 +73,14 @@ def pack_tool(
     openinference: bool,
 ) -> list[Any]:
     """``pack_execution`` from plain values (``span_id`` already short, ``end_ns`` 0 = not ended)."""
-    dur = (end_ns - start_ns) // 1000 if end_ns else -1
     x: list[Any] = [
         span_id,
         name,
         2 if failed is None else 1 if failed else 0,
         str(start_ns),
-        dur if dur > -1 else -1,  # max(dur, -1) without a call
+        # exact, and negative when a clock step ended the span before it started: the library
+        # compares end times to tell one call recorded twice from two calls
+        str(end_ns - start_ns) if end_ns else "",
         _CAPTURE_CODES[state],
         args or "",
     ]
@@ -100,7 +101,7 @@ def cap_arguments(args: str | None, state: CaptureState, max_argument_bytes: int
 
 
 def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
-    """The inverse of ``pack_execution`` (end time kept to the microsecond).
+    """The inverse of ``pack_execution``: every value exact.
 
     The values were validated when the span was first seen: rebuilt with ``trusted``.
     """
@@ -109,7 +110,12 @@ def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
     conv = x[8] if len(x) > 8 else 0
     state = _CAPTURE_STATES[int(code)]
     begin = int(start)
-    micros = int(dur)
+    if isinstance(dur, str):  # end - start in ns, "" = not ended
+        end = begin + int(dur) if dur else 0
+    elif dur >= 0:  # a state written before end times were exact: whole microseconds
+        end = begin + int(dur) * 1000
+    else:  # ... -1 = not ended
+        end = 0
     return ToolExecution.trusted(
         name,
         trace_id,
@@ -117,7 +123,7 @@ def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
         call_id or None,
         "error" if failed == 1 else "unset" if failed == 2 else "ok",
         begin,
-        begin + micros * 1000 if micros >= 0 else 0,
+        end,
         args if state is not CaptureState.ABSENT else None,
         state,
         "openinference" if conv else "gen_ai",

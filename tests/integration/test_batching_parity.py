@@ -1,0 +1,142 @@
+"""The service gives the library's verdict on a complete trace, however its spans are timed and
+batched (from a differential review: library vs service on the same spans, Kafka and Redis).
+
+- End times are kept to the nanosecond: one call recorded twice (a framework's OpenInference TOOL
+  span around the tool boundary's GenAI span, one call id) is one execution only when one record
+  holds the other, and the service decided that on end times rounded to the microsecond.
+- Each export delivered twice (at-least-once) in one consumer batch is a replay, not conflicting
+  evidence: the service kept such a trace incomplete, so its absence checks ended UNDETERMINED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
+from tests.integration.harness import (
+    TOOL_TREES,
+    control_client,
+    drop_stack,
+    expectation_bytes,
+    expects,
+    make_config,
+    marker_bytes,
+    new_span_id,
+    new_trace_id,
+    otlp_request,
+    otlp_span,
+    raw_producer,
+    running_service,
+    verdict,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _search(**count: int) -> ScoringExpectation:
+    return ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="search", **count),)),))
+
+
+def _call_recorded_twice(trace: str, t0_ms: int, outer_end: int, inner: tuple[int, int]) -> list[Any]:
+    """Root, an OpenInference TOOL span [S, S + outer_end] and, under it, a GenAI execute_tool span
+    [S + inner[0], S + inner[1]] (ns), both of call ``call-1``."""
+    root, outer_id = new_span_id(), new_span_id()
+    s = (t0_ms + 1) * 1_000_000
+    outer = otlp_span(
+        trace,
+        span_id=outer_id,
+        parent=root,
+        name="tool search",
+        start_ms=0,
+        end_ms=0,
+        attrs={"openinference.span.kind": "TOOL", "tool.name": "search", "tool.id": "call-1", "input.value": "{}"},
+    )
+    outer.start_time_unix_nano, outer.end_time_unix_nano = s, s + outer_end
+    gen_ai = otlp_span(
+        trace,
+        parent=outer_id,
+        tool="search",
+        start_ms=0,
+        end_ms=0,
+        attrs={"gen_ai.tool.call.id": "call-1", "gen_ai.tool.call.arguments": "{}"},
+    )
+    gen_ai.start_time_unix_nano, gen_ai.end_time_unix_nano = s + inner[0], s + inner[1]
+    return [gen_ai, outer, otlp_span(trace, span_id=root, name="agent", start_ms=t0_ms, end_ms=t0_ms + 50)]
+
+
+@pytest.mark.parametrize(
+    ("outer_end", "inner", "calls"),
+    [
+        # held within by 499 ns: one call (was two: the outer's end rounded down below the inner's)
+        (1999, (500, 1500), 1),
+        # outlives the outer by 499 ns: two records that overlap, each counts (was one)
+        (1000, (500, 1499), 2),
+        # a clock step ended the outer before it started: disjoint, two (was "not ended", one)
+        (-1000, (500, 1500), 2),
+    ],
+    ids=["nested-by-ns", "overlapping-by-ns", "outer-ends-before-start"],
+)
+async def test_one_call_recorded_twice_is_counted_on_exact_end_times(
+    kafka_bootstrap: str, redis_url: str, outer_end: int, inner: tuple[int, int], calls: int
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
+    trace = new_trace_id()
+    spans = _call_recorded_twice(trace, int(time.time() * 1000) - 5_000, outer_end, inner)
+    async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+        at_least_two = await tw.expect(
+            TraceScorable(trace_ids=(trace,)), _search(min_count=2), deadline=timedelta(seconds=30)
+        )
+        at_most_one = await tw.expect(
+            TraceScorable(trace_ids=(trace,)), _search(max_count=1), deadline=timedelta(seconds=30)
+        )
+        await producer.send_and_wait(
+            cfg.kafka.topics.spans, otlp_request(spans).SerializeToString(), key=trace.encode()
+        )
+        await tw.mark_complete(trace, span_count=len(spans))
+        two = await tw.wait_for(at_least_two, timeout=30)
+        one = await tw.wait_for(at_most_one, timeout=30)
+    assert (verdict(two), verdict(one)) == (("true", "false") if calls == 2 else ("false", "true")), (
+        two.rationale,
+        one.rationale,
+    )
+
+
+async def test_each_export_delivered_twice_in_one_batch_is_a_replay_not_a_conflict(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
+    trace, root = new_trace_id(), new_span_id()
+    t0 = int(time.time() * 1000) - 5_000
+    search = otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2)
+    fetch = otlp_span(trace, parent=root, tool="fetch", start_ms=t0 + 3, end_ms=t0 + 4)
+    agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
+    records = [otlp_request(s).SerializeToString() for s in ([search], [search], [fetch], [fetch], [agent])]
+    try:
+        async with control_client(cfg) as tw, raw_producer(cfg) as producer:
+            never_delete = "never-delete-" + trace
+            search_once = "search-once-" + trace
+            for ident, exp, tree in (
+                (never_delete, expects("delete"), "not_tools"),
+                (search_once, _search(max_count=1), "tools"),
+            ):
+                await producer.send_and_wait(
+                    cfg.kafka.topics.control,
+                    expectation_bytes(ident, [trace], exp, scorer=tree, deadline=timedelta(seconds=20)),
+                    key=trace.encode(),
+                )
+            # produced before the service starts: its first poll takes them together, in one batch
+            sent = [await producer.send(cfg.kafka.topics.spans, r, key=trace.encode()) for r in records]
+            await asyncio.gather(*sent)
+            await producer.send_and_wait(cfg.kafka.topics.control, marker_bytes(trace, 3), key=trace.encode())
+            async with running_service(cfg):
+                a = await tw.wait_for(never_delete, timeout=30)
+                b = await tw.wait_for(search_once, timeout=30)
+        assert (verdict(a), verdict(b)) == ("true", "true"), (list(a.coverage.reasons), list(b.coverage.reasons))
+        assert "conflicting_evidence" not in a.coverage.reasons
+    finally:
+        await drop_stack(cfg)

@@ -1,0 +1,29 @@
+"""A tool execution as the trace state keeps it reads back exactly (times to the nanosecond)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from collector.processors.normalize import pack_tool, unpack_execution
+from scoring.models.evidence import CaptureState
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+_ns = st.integers(min_value=1, max_value=2**63 - 1)
+
+
+@given(start=_ns, end=st.one_of(st.just(0), _ns), failed=st.sampled_from([None, True, False]))
+def test_start_and_end_read_back_exactly(start: int, end: int, failed: bool | None) -> None:
+    # end 0 = not ended; an end before the start (a clock step) stays one
+    x = pack_tool("AAAAAAAAAAE", "search", failed, start, end, CaptureState.CAPTURED, "{}", "call-1", False)
+    e = unpack_execution(x, TRACE)
+    assert (e.start_time_unix_nano, e.end_time_unix_nano) == (start, end)
+    assert e.status == ("unset" if failed is None else "error" if failed else "ok")
+
+
+def test_a_state_written_with_microsecond_durations_still_reads() -> None:
+    # states already in Redis when the service is upgraded: duration in whole µs, -1 = not ended
+    ended = ["AAAAAAAAAAE", "search", 0, "1700000000000000000", 1500, 0, "{}"]
+    assert unpack_execution(ended, TRACE).end_time_unix_nano == 1_700_000_000_001_500_000
+    open_ = ["AAAAAAAAAAE", "search", 0, "1700000000000000000", -1, 0, "{}"]
+    assert unpack_execution(open_, TRACE).end_time_unix_nano == 0
