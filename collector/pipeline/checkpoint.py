@@ -42,7 +42,7 @@ from collector.processors.completion import WatermarkTracker
 from collector.processors.decide import Outcome, scope_bytes_bound
 from collector.processors.normalize import rejected_fact
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
-from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts, record_tenants
+from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts, record_tenants, record_traces
 from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
 from collector.wire.convert import (
     ControlDecodeError,
@@ -351,14 +351,16 @@ class Checkpoint:
             dead.append(self._dead(rec, exc.reason, exc.detail))
 
     def _lost_traces(self, rec: ConsumerRecord[bytes, bytes]) -> list[tuple[str, str]]:
-        """(tenant, trace id) of an unreadable record keyed by trace id, as producers partitioning
-        by trace do (the Collector's kafkaexporter, KafkaSpanExporter), for each tenant it names
-        (header, else its resources' tenant attribute); [] for a record keyed otherwise."""
+        """(tenant, trace id) of every trace an unreadable record held: the traces its bytes still
+        show (keyed or not: the Collector's kafkaexporter does not key by trace by default) and,
+        for a record keyed by trace id (producers partitioning by trace), the key's trace for each
+        tenant it names (header, else its resources' tenant attribute)."""
+        value, headers = rec.value or b"", _headers(rec)
+        lost = record_traces(value, headers, self.cfg)
         key = rec.key or b""
-        if len(key) != 32 or not _HEX.fullmatch(key):
-            return []
-        tenants = record_tenants(rec.value or b"", _headers(rec), self.cfg)
-        return [(t, key.decode()) for t in sorted(tenants) if TENANT_RE.fullmatch(t)]
+        if len(key) == 32 and _HEX.fullmatch(key):
+            lost |= {(t, key.decode().lower()) for t in record_tenants(value, headers, self.cfg)}
+        return sorted((t, trace) for t, trace in lost if TENANT_RE.fullmatch(t))
 
     def _dead(self, rec: ConsumerRecord[bytes, bytes], reason: str, detail: str) -> DeadLetter:
         log.warning(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -127,7 +128,9 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
         resource = otlp_attributes(rs.resource.attributes)
         tenant = record_tenant(headers, resource, cfg)
         if not TENANT_RE.fullmatch(tenant):
-            raise RecordDecodeError("invalid_tenant", f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
+            # this resource's spans only: the record's other resources (other agents) are kept
+            out.rejected.extend(_bad_tenant(tenant, rs))
+            continue
         for ss in rs.scope_spans:
             for span in ss.spans:
                 trace_hex = span.trace_id.hex() if len(span.trace_id) == 16 else ""
@@ -144,6 +147,12 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
         first = out.rejected[0]
         raise RecordDecodeError(first[2], first[3])
     return out
+
+
+def _bad_tenant(tenant: str, rs: Any) -> list[tuple[str, str, str, str]]:
+    """One rejection per span of a resource naming an invalid tenant (no trace: no tenant's state)."""
+    detail = f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}"
+    return [("", "", "invalid_tenant", detail) for ss in rs.scope_spans[:] for _ in ss.spans[:]]
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -183,45 +192,116 @@ def _fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
         raise ValueError("truncated message")
 
 
+def _header_tenant(headers: Sequence[tuple[str, bytes]], cfg: ServiceConfig) -> str | None:
+    for k, v in headers:
+        if k == cfg.tenant.header:
+            return v.decode("utf-8", "replace")
+    return None
+
+
+def _resource_tenant(value: bytes, start: int, end: int, attribute: bytes, default: str) -> str:
+    """The tenant attribute of one ``ResourceSpans`` (``value[start:end]``), read from the framing."""
+    tenant = default
+    for g, c, d in _fields(value, start, end):  # ResourceSpans.resource
+        if g != 1:
+            continue
+        for h, kv_start, kv_end in _fields(value, c, d):  # Resource.attributes (KeyValue)
+            if h != 1:
+                continue
+            key = None
+            text = ""
+            for i, x, y in _fields(value, kv_start, kv_end):
+                if i == 1:
+                    key = value[x:y]
+                elif i == 2:  # AnyValue: string_value (1) as is, bytes_value (7) in hex
+                    for j, u, w in _fields(value, x, y):
+                        if j == 1:
+                            text = value[u:w].decode("utf-8", "replace")
+                        elif j == 7:
+                            text = value[u:w].hex()
+            if key == attribute:  # a repeated key: the last one counts, as in decoding
+                tenant = text or default
+    return tenant
+
+
 def record_tenants(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: ServiceConfig) -> set[str]:
     """The tenants of a span record that will not be decoded (too large, unparseable): its header,
     else the resource attribute of each of its resources, read from the protobuf's framing
     without parsing its spans (what is unreadable names the default tenant)."""
-    for k, v in headers:
-        if k == cfg.tenant.header:
-            return {v.decode("utf-8", "replace")}
+    header = _header_tenant(headers, cfg)
+    if header is not None:
+        return {header}
     attribute = cfg.tenant.resource_attribute.encode()
     if not attribute or cfg.kafka.encoding != "otlp_proto":
         return {cfg.tenant.default}
     tenants: set[str] = set()
     try:
         for f, a, b in _fields(value, 0, len(value)):  # ExportTraceServiceRequest.resource_spans
-            if f != 1:
-                continue
-            tenant = cfg.tenant.default
-            for g, c, d in _fields(value, a, b):  # ResourceSpans.resource
-                if g != 1:
-                    continue
-                for h, kv_start, kv_end in _fields(value, c, d):  # Resource.attributes (KeyValue)
-                    if h != 1:
-                        continue
-                    key = None
-                    text = ""
-                    for i, x, y in _fields(value, kv_start, kv_end):
-                        if i == 1:
-                            key = value[x:y]
-                        elif i == 2:  # AnyValue: string_value (1) as is, bytes_value (7) in hex
-                            for j, u, w in _fields(value, x, y):
-                                if j == 1:
-                                    text = value[u:w].decode("utf-8", "replace")
-                                elif j == 7:
-                                    text = value[u:w].hex()
-                    if key == attribute:  # a repeated key: the last one counts, as in decoding
-                        tenant = text or cfg.tenant.default
-            tenants.add(tenant)
+            if f == 1:
+                tenants.add(_resource_tenant(value, a, b, attribute, cfg.tenant.default))
     except ValueError:
         return {cfg.tenant.default}
     return tenants or {cfg.tenant.default}
+
+
+def record_traces(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: ServiceConfig) -> set[tuple[str, str]]:
+    """(tenant, trace id) of every span a record that will not be decoded shows, as far as it can
+    be read: from the protobuf's framing (a string that is not UTF-8, a record too large), or from
+    the JSON when that parses. A record need not be keyed by trace (the Collector's kafkaexporter
+    does not by default), and each trace it held can never be proven complete now."""
+    header = _header_tenant(headers, cfg)
+    out: set[tuple[str, str]] = set()
+    if cfg.kafka.encoding == "otlp_json":
+        _json_traces(value, header, cfg, out)
+        return out
+    attribute = cfg.tenant.resource_attribute.encode()
+    with contextlib.suppress(ValueError):  # truncated: what was read so far
+        for f, a, b in _fields(value, 0, len(value)):  # ExportTraceServiceRequest.resource_spans
+            if f != 1:
+                continue
+            tenant = header
+            if tenant is None:
+                default = cfg.tenant.default
+                tenant = _resource_tenant(value, a, b, attribute, default) if attribute else default
+            for g, c, d in _fields(value, a, b):  # ResourceSpans.scope_spans
+                if g != 2:
+                    continue
+                for h, x, y in _fields(value, c, d):  # ScopeSpans.spans
+                    if h != 2:
+                        continue
+                    for i, u, w in _fields(value, x, y):  # Span.trace_id
+                        if i == 1 and w - u == 16:
+                            out.add((tenant, value[u:w].hex()))
+    return out
+
+
+def _json_traces(value: bytes, header: str | None, cfg: ServiceConfig, out: set[tuple[str, str]]) -> None:
+    try:
+        doc = json.loads(value)
+    except (ValueError, RecursionError):
+        return
+    key = cfg.tenant.resource_attribute
+
+    def items(node: Any, *names: str) -> list[Any]:
+        for n in names:
+            if isinstance(node, dict) and isinstance(node.get(n), list):
+                return list(node[n])
+        return []
+
+    for rs in items(doc, "resourceSpans", "resource_spans"):
+        tenant = header
+        if tenant is None:
+            tenant = cfg.tenant.default
+            resource = rs.get("resource") if isinstance(rs, dict) else None
+            for kv in items(resource, "attributes"):
+                if key and isinstance(kv, dict) and kv.get("key") == key and isinstance(kv.get("value"), dict):
+                    text = kv["value"].get("stringValue", kv["value"].get("string_value"))
+                    tenant = text if isinstance(text, str) and text else cfg.tenant.default
+        for ss in items(rs, "scopeSpans", "scope_spans"):
+            for span in items(ss, "spans"):
+                trace = span.get("traceId", span.get("trace_id")) if isinstance(span, dict) else None
+                if isinstance(trace, str) and re.fullmatch(r"[0-9a-fA-F]{32}", trace):
+                    out.add((tenant, trace.lower()))
 
 
 @dataclass(slots=True)
@@ -272,7 +352,8 @@ def decode_span_facts(
         resource = fact_attributes(rs.resource.attributes, resource_keys)
         tenant = record_tenant(headers, resource, cfg)
         if not TENANT_RE.fullmatch(tenant):
-            raise RecordDecodeError("invalid_tenant", f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
+            out.rejected.extend(_bad_tenant(tenant, rs))
+            continue
         resource_session = session_of(no_attrs, resource) or ""
         for ss in rs.scope_spans[:]:
             for span in ss.spans[:]:

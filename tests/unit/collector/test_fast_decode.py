@@ -35,6 +35,7 @@ from collector.receivers.decode import (
     decode_span_record,
     record_tenant,
     record_tenants,
+    record_traces,
 )
 from scoring.models.evidence import ATTRIBUTES_DROPPED, CONFLICTING_EVIDENCE, SPAN_NOT_ENDED, SPAN_UNSAMPLED
 from scoring.normalize.spans import FACT_KEYS, UNNAMED_TOOL, otlp_attributes
@@ -548,3 +549,69 @@ def test_the_tenants_of_an_unread_record_are_those_decoding_gives(
     if valid == want:
         assert got == want
     assert record_tenants(b"\xff\xff\xff" + value[:cut], [], cfg) == {"default"}
+
+
+@DIFF
+@given(rec=records(), cut=st.integers(min_value=0, max_value=400))
+def test_the_traces_of_an_unread_record_are_those_decoding_gives(
+    rec: tuple[bytes, list[tuple[str, bytes]]], cut: int
+) -> None:
+    """A record dropped unread, keyed or not, marks every trace it held for its tenant: read from
+    the framing alone, the (tenant, trace) pairs a full parse gives (a tenant that is no tenant name
+    may read as the default one); a record cut short shows no more than its whole."""
+    value, headers = rec
+    cfg = config()
+    req = ExportTraceServiceRequest.FromString(value)
+    want = {
+        (record_tenant(headers, otlp_attributes(rs.resource.attributes), cfg), span.trace_id.hex())
+        for rs in req.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+        if len(span.trace_id) == 16
+    }
+    got = record_traces(value, headers, cfg)
+    assert {t for _, t in got} == {t for _, t in want}
+    assert {p for p in want if TENANT_RE.fullmatch(p[0])} <= got | {("default", t) for _, t in want}
+    assert {t for _, t in record_traces(value[:cut], headers, cfg)} <= {t for _, t in want}
+
+
+def test_the_traces_of_an_unread_json_record_are_read_from_its_json() -> None:
+    cfg = ServiceConfig.model_validate(
+        {**config().model_dump(), "kafka": {**config().kafka.model_dump(), "encoding": "otlp_json"}}
+    )
+    trace = "0AF7651916CD43DD8448EB211C80319C"
+    doc = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": TENANT_ATTR, "value": {"stringValue": "acme"}}]},
+                "scopeSpans": [{"spans": [{"traceId": trace, "spanId": "not hex"}]}],
+            }
+        ]
+    }
+    assert record_traces(json.dumps(doc).encode(), [], cfg) == {("acme", trace.lower())}
+    assert record_traces(b"{not json", [], cfg) == set()
+
+
+@pytest.mark.parametrize("decode", ["fast", "general"])
+def test_a_resource_naming_an_invalid_tenant_costs_only_its_own_spans(decode: str) -> None:
+    req = ExportTraceServiceRequest()
+    for tenant in ("acme", "Beta Corp"):
+        rs = req.resource_spans.add()
+        rs.resource.attributes.add(key=TENANT_ATTR, value=AnyValue(string_value=tenant))
+        rs.scope_spans.add().spans.add(
+            trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), start_time_unix_nano=1, end_time_unix_nano=2
+        )
+    value, cfg = req.SerializeToString(), config()
+    if decode == "fast":
+        out = decode_span_facts(value, [], cfg, 1024)
+        kept = [(t, trace) for t, trace, _, _ in out.facts]
+        rejected = out.rejected
+    else:
+        general = decode_span_record(value, [], cfg)
+        kept = [(t, span.trace_id) for t, span in general.spans]
+        rejected = general.rejected
+    assert kept == [("acme", bytes(range(1, 17)).hex())]
+    assert [(t, trace, reason) for t, trace, reason, _ in rejected] == [("", "", "invalid_tenant")]
+    only_bad = ExportTraceServiceRequest(resource_spans=[req.resource_spans[1]]).SerializeToString()
+    with pytest.raises(RecordDecodeError, match="invalid_tenant"):
+        decode_span_facts(only_bad, [], cfg, 1024) if decode == "fast" else decode_span_record(only_bad, [], cfg)
