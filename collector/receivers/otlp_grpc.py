@@ -24,7 +24,9 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import MessageSizeTooLargeError, OutOfOrderSequenceNumber
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
@@ -92,6 +94,8 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         super().__init__(config, bearer_token)
         self._kafka_kwargs = kafka_security_kwargs(config.kafka.security)
         self._producer: Any = None
+        self._record_limit = config.kafka.max_record_bytes
+        self._renewing = asyncio.Lock()
         self.forwarded_records = 0
         self.rejected_spans = 0
 
@@ -111,18 +115,64 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         return f", forwarding to {self.config.kafka.topics.spans}"
 
     async def _before_start(self) -> None:
+        # The topic's own record limit, when lower than ours: a record the broker refuses leaves
+        # the idempotent producer with a gap in its sequence numbers that it never recovers from
+        # (every later send to that partition fails), so such a record must never leave here.
+        topic_limit = await self._topic_record_limit()
+        if topic_limit is not None and topic_limit < self.config.kafka.max_record_bytes:
+            log.info(
+                "%s: topic %s takes records up to %d bytes (max.message.bytes): larger traces are rejected here",
+                COMPONENT, self.config.kafka.topics.spans, topic_limit, extra=_EXTRA,
+            )
+        self._record_limit = min(self.config.kafka.max_record_bytes, topic_limit or self.config.kafka.max_record_bytes)
+        self._producer = await self._new_producer()
+
+    async def _new_producer(self) -> Any:
         kafka = self.config.kafka
-        self._producer = AIOKafkaProducer(
+        producer = AIOKafkaProducer(
             bootstrap_servers=kafka.bootstrap_servers,
             client_id=f"{kafka.client_id}-{COMPONENT}",
             enable_idempotence=True,
             acks="all",
-            max_request_size=kafka.max_record_bytes,
+            max_request_size=self._record_limit,
             request_timeout_ms=kafka.request_timeout_ms,
             **self._kafka_kwargs,
         )
         async with asyncio.timeout(self._timeout_s):
-            await self._producer.start()
+            await producer.start()
+        return producer
+
+    async def _topic_record_limit(self) -> int | None:
+        """The spans topic's ``max.message.bytes`` (None if it cannot be read: the topic does not
+        exist yet, or the principal may not describe it)."""
+        kafka = self.config.kafka
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, **self._kafka_kwargs)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await admin.start()
+                resource = ConfigResource(ConfigResourceType.TOPIC, kafka.topics.spans)
+                (response,) = await admin.describe_configs([resource])
+            entries = response.to_object()["resources"][0]["config_entries"]
+            value = next((e["config_value"] for e in entries if e["config_names"] == "max.message.bytes"), None)
+            return int(value) if value is not None else None
+        except Exception as exc:
+            log.debug("%s: could not read the configs of %s: %r", COMPONENT, kafka.topics.spans, exc, extra=_EXTRA)
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    async def _renew_producer(self, broken: Any) -> None:
+        """Replace a producer the broker put out of sequence (a refused record; a lost batch)."""
+        async with self._renewing:
+            if self._producer is not broken:
+                return  # another call renewed it already
+            log.warning("%s: renewing the Kafka producer (its sequence broke)", COMPONENT, extra=_EXTRA)
+            self._producer = None
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self._timeout_s):
+                    await broken.stop()
+            self._producer = await self._new_producer()
 
     async def _after_stop(self) -> None:
         producer, self._producer = self._producer, None
@@ -175,6 +225,10 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
             for (trace_id, n), result in zip(sent, results, strict=True):
                 if isinstance(result, MessageSizeTooLargeError):  # the broker's (the topic's) limit
                     too_large(trace_id, n)
+            if any(isinstance(r, MessageSizeTooLargeError | OutOfOrderSequenceNumber) for r in results):
+                # the broker refused a record (a limit lowered since start): this producer's
+                # sequence has a gap now, and no later send would succeed on it
+                await self._renew_producer(producer)
             for result in results:
                 if isinstance(result, BaseException) and not isinstance(result, MessageSizeTooLargeError):
                     raise result  # anything else: the exporter retries the whole call

@@ -696,6 +696,51 @@ async def test_a_trace_the_broker_refuses_is_a_partial_success_not_a_retry(
     assert rec.key == small.hex().encode()
 
 
+def _one_trace_request(trace_id: bytes, name: str, size: int = 0) -> ExportTraceServiceRequest:
+    attrs = [KeyValue(key="gen_ai.tool.call.arguments", value=AnyValue(string_value="x" * size))] if size else []
+    span = Span(trace_id=trace_id, span_id=uuid.uuid4().bytes[:8], name=name, attributes=attrs)
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])])
+
+
+@pytest.mark.parametrize("lowered", ["before-start", "after-start"])
+async def test_a_trace_the_topic_refuses_does_not_stop_the_sidecar(
+    kafka_bootstrap: str, topics: TopicsConfig, topic_factory: TopicFactory, lowered: str
+) -> None:
+    # One partition: every trace goes to it. A record the broker refused left the idempotent
+    # producer with a gap in its sequence, and every later Export failed (UNAVAILABLE) until
+    # the sidecar was restarted. The topic's limit is read at start, and a producer the broker
+    # refused is renewed.
+    spans_topic = await topic_factory(1, configs={} if lowered == "after-start" else {"max.message.bytes": "100000"})
+    config = sidecar_config(kafka_bootstrap, topics.model_copy(update={"spans": spans_topic}))
+    sidecar = create_sidecar(config, env={})
+    before, big, after = uuid.uuid4().bytes, uuid.uuid4().bytes, uuid.uuid4().bytes
+    async with asyncio.timeout(TIMEOUT_S):
+        await sidecar.start()
+        try:
+            if lowered == "after-start":
+                admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+                await admin.start()
+                try:
+                    resource = ConfigResource(ConfigResourceType.TOPIC, spans_topic, {"max.message.bytes": "100000"})
+                    await admin.alter_configs([resource])
+                finally:
+                    await admin.close()
+            async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
+                stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
+                # a record first, so the producer's sequence on the partition is under way
+                await stub.Export(_one_trace_request(before, "before"), timeout=10)
+                refused = await stub.Export(_one_trace_request(big, "big", 300_000), timeout=10)
+                ok = await stub.Export(_one_trace_request(after, "after"), timeout=10)
+        finally:
+            await sidecar.shutdown()
+    assert refused.partial_success.rejected_spans == 1
+    assert not ok.HasField("partial_success") or ok.partial_success.rejected_spans == 0
+    assert [r.key for r in await read_records(kafka_bootstrap, spans_topic, 2)] == [
+        before.hex().encode(),
+        after.hex().encode(),
+    ]
+
+
 async def test_a_sidecar_with_a_tenant_stamps_it_on_every_record(kafka_bootstrap: str, topics: TopicsConfig) -> None:
     # The agent's resource claims another tenant: the header the sidecar stamps wins at the service.
     config = sidecar_config(kafka_bootstrap, topics).model_copy(update={"tenant": "acme"})
