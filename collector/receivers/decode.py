@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector.config import ServiceConfig
 from collector.processors.normalize import cap_arguments, pack_tool, span_fact
+from collector.receivers.lenient import parse_lenient
 from scoring.normalize.spans import (
     SESSION_KEYS,
     AttrValue,
@@ -101,7 +102,10 @@ def parse_request(value: bytes, encoding: str) -> ExportTraceServiceRequest:
         try:
             req.ParseFromString(value)
         except (DecodeError, RecursionError) as exc:
-            raise RecordDecodeError("undecodable_protobuf", str(exc)[:200]) from None
+            try:  # strings that are not UTF-8 (the Collector passes them through): read as U+FFFD
+                req = parse_lenient(value)
+            except (DecodeError, RecursionError):
+                raise RecordDecodeError("undecodable_protobuf", str(exc)[:200]) from None
     if not req.resource_spans or not any(ss.spans for rs in req.resource_spans for ss in rs.scope_spans):
         raise RecordDecodeError("no_spans", "record decoded but holds no spans")
     return req
@@ -168,9 +172,10 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+def _fields(buf: bytes, pos: int, end: int, *, cut: bool = False) -> Iterator[tuple[int, int, int]]:
     """(field number, start, end) of each length-delimited field of one protobuf message; other
-    wire types are skipped. Raises ValueError on bytes that are not protobuf."""
+    wire types are skipped. Raises ValueError on bytes that are not protobuf. ``cut``: a field
+    running past ``end`` (a record cut short) is given up to ``end``, and is the last one."""
     while pos < end:
         tag, pos = _varint(buf, pos, end)
         field_no, wire = tag >> 3, tag & 7
@@ -183,6 +188,9 @@ def _fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
         elif wire == 2:
             n, pos = _varint(buf, pos, end)
             if pos + n > end:
+                if cut:
+                    yield field_no, pos, end
+                    return
                 raise ValueError("truncated field")
             yield field_no, pos, pos + n
             pos += n
@@ -202,7 +210,7 @@ def _header_tenant(headers: Sequence[tuple[str, bytes]], cfg: ServiceConfig) -> 
 def _resource_tenant(value: bytes, start: int, end: int, attribute: bytes, default: str) -> str:
     """The tenant attribute of one ``ResourceSpans`` (``value[start:end]``), read from the framing."""
     tenant = default
-    for g, c, d in _fields(value, start, end):  # ResourceSpans.resource
+    for g, c, d in _fields(value, start, end, cut=True):  # ResourceSpans.resource (the rest may be cut)
         if g != 1:
             continue
         for h, kv_start, kv_end in _fields(value, c, d):  # Resource.attributes (KeyValue)
@@ -256,20 +264,22 @@ def record_traces(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: Servi
         return out
     attribute = cfg.tenant.resource_attribute.encode()
     with contextlib.suppress(ValueError):  # truncated: what was read so far
-        for f, a, b in _fields(value, 0, len(value)):  # ExportTraceServiceRequest.resource_spans
+        for f, a, b in _fields(value, 0, len(value), cut=True):  # ExportTraceServiceRequest.resource_spans
             if f != 1:
                 continue
             tenant = header
             if tenant is None:
-                default = cfg.tenant.default
-                tenant = _resource_tenant(value, a, b, attribute, default) if attribute else default
-            for g, c, d in _fields(value, a, b):  # ResourceSpans.scope_spans
+                tenant = cfg.tenant.default
+                if attribute:
+                    with contextlib.suppress(ValueError):  # its resource cut short: the default
+                        tenant = _resource_tenant(value, a, b, attribute, tenant)
+            for g, c, d in _fields(value, a, b, cut=True):  # ResourceSpans.scope_spans
                 if g != 2:
                     continue
-                for h, x, y in _fields(value, c, d):  # ScopeSpans.spans
+                for h, x, y in _fields(value, c, d, cut=True):  # ScopeSpans.spans
                     if h != 2:
                         continue
-                    for i, u, w in _fields(value, x, y):  # Span.trace_id
+                    for i, u, w in _fields(value, x, y, cut=True):  # Span.trace_id
                         if i == 1 and w - u == 16:
                             out.add((tenant, value[u:w].hex()))
     return out

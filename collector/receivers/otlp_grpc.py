@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import MessageSizeTooLargeError, OutOfOrderSequenceNumber
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
@@ -39,6 +40,7 @@ from collector.client import kafka_security_kwargs
 from collector.config import KafkaConfig
 from collector.grpc_server import GrpcServer, GrpcServerConfig
 from collector.otel import split_by_trace_with_rejects
+from collector.receivers.lenient import parse_lenient
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES, SPANS_IN
 
 __all__ = ["COMPONENT", "OtlpGrpcReceiver", "SidecarConfig", "create_sidecar", "run_sidecar"]
@@ -66,6 +68,13 @@ class SidecarConfig(GrpcServerConfig):
         if v and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", v):
             raise ValueError(f"tenant {v[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
         return v
+
+
+def _read_request(value: bytes) -> ExportTraceServiceRequest:
+    try:
+        return ExportTraceServiceRequest.FromString(value)
+    except DecodeError:
+        return parse_lenient(value)  # a DecodeError again: not OTLP at all
 
 
 def _span_count(request: ExportTraceServiceRequest) -> int:
@@ -107,9 +116,21 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         return [("grpc.max_receive_message_length", self.config.kafka.max_record_bytes)]
 
     def _add_servicer(self, server: Any) -> None:
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            _TraceService(self), server
+        # The generated registration, with one change: a request with strings that are not UTF-8
+        # (the Collector and Go SDKs pass them through) is read with U+FFFD, not refused whole
+        # (UNKNOWN, which OTLP exporters do not retry: every trace of the batch would be lost).
+        service = _TraceService(self)
+        handler = grpc.method_handlers_generic_handler(
+            "opentelemetry.proto.collector.trace.v1.TraceService",
+            {
+                "Export": grpc.unary_unary_rpc_method_handler(
+                    service.Export,
+                    request_deserializer=_read_request,
+                    response_serializer=ExportTraceServiceResponse.SerializeToString,
+                )
+            },
         )
+        server.add_generic_rpc_handlers((handler,))
 
     def _listening_detail(self) -> str:
         return f", forwarding to {self.config.kafka.topics.spans}"

@@ -32,7 +32,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as OtlpResource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
@@ -739,6 +742,33 @@ async def test_a_trace_the_topic_refuses_does_not_stop_the_sidecar(
         before.hex().encode(),
         after.hex().encode(),
     ]
+
+
+async def test_a_string_that_is_not_utf8_costs_the_sidecar_no_span(kafka_bootstrap: str, topics: TopicsConfig) -> None:
+    # The Go Collector and SDKs pass such strings through; refused whole (UNKNOWN, not retried by
+    # OTLP exporters), every trace of the batch was lost. Read with U+FFFD, both are forwarded.
+    first, second = uuid.uuid4().bytes, uuid.uuid4().bytes
+    request = ExportTraceServiceRequest()
+    request.resource_spans.extend(_one_trace_request(first, "search").resource_spans)
+    request.resource_spans.extend(_one_trace_request(second, "http").resource_spans)
+    request.resource_spans[1].scope_spans[0].spans[0].attributes.add(key="http.url").value.string_value = "MARK\u00e9"
+    raw = request.SerializeToString().replace("MARK\u00e9".encode(), b"MARK\xc3X")
+    sidecar = create_sidecar(sidecar_config(kafka_bootstrap, topics), env={})
+    async with asyncio.timeout(TIMEOUT_S):
+        await sidecar.start()
+        try:
+            async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
+                export = channel.unary_unary(
+                    "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                    request_serializer=lambda b: b,
+                    response_deserializer=ExportTraceServiceResponse.FromString,
+                )
+                response = await export(raw, timeout=10)
+        finally:
+            await sidecar.shutdown()
+    assert response.partial_success.rejected_spans == 0
+    records = await read_records(kafka_bootstrap, topics.spans, 2)
+    assert {r.key for r in records} == {first.hex().encode(), second.hex().encode()}
 
 
 async def test_a_sidecar_with_a_tenant_stamps_it_on_every_record(kafka_bootstrap: str, topics: TopicsConfig) -> None:

@@ -1,9 +1,10 @@
 """Records not keyed by trace id (the Collector's kafkaexporter default, ``partition_traces_by_id:
 false``) that cannot be used whole, on Kafka and Redis (from an input-handling review).
 
-A record dead-lettered unread still shows which traces it held: those traces can never be proven
-complete, so a marker does not turn the evidence it carried into a FALSE. A resource naming an
-invalid tenant costs only its own spans, not those of the other agents batched with it.
+A record dead-lettered unread (cut short) still shows which traces it held: those traces can never
+be proven complete, so a marker does not turn the evidence it carried into a FALSE. A string that
+is not UTF-8 is read as U+FFFD, and a resource naming an invalid tenant costs only its own spans,
+not those of the other agents batched with it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("broken", ["invalid-utf8", "invalid-tenant"])
+@pytest.mark.parametrize("broken", ["truncated", "invalid-utf8", "invalid-tenant"])
 async def test_evidence_in_an_unkeyed_record_never_becomes_a_false(
     kafka_bootstrap: str, redis_url: str, broken: str
 ) -> None:
@@ -45,8 +46,11 @@ async def test_evidence_in_an_unkeyed_record_never_becomes_a_false(
             otlp_span(other, name="http", start_ms=t0, end_ms=t0 + 5, attrs={"http.url": "MARK\u00e9"}),
         ]
     )
-    if broken == "invalid-utf8":
-        # one byte that is not UTF-8, in another agent's span: the protobuf parser refuses the record
+    if broken == "truncated":
+        # cut inside the other agent's span: unreadable, dead-lettered whole
+        raw = tool_record.SerializeToString()[:-3]
+    elif broken == "invalid-utf8":
+        # one byte that is not UTF-8, in another agent's span: read as U+FFFD, the record is kept
         raw = tool_record.SerializeToString().replace("MARK\u00e9".encode(), b"MARK\xc3X")
     else:
         rs = tool_record.resource_spans.add()
@@ -59,10 +63,10 @@ async def test_evidence_in_an_unkeyed_record_never_becomes_a_false(
         ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("search"), deadline=timedelta(seconds=6))
         await tw.mark_complete(trace)  # no span count: complete once the watermark passes it
         ev = await tw.wait_for(ident, timeout=40)
-    if broken == "invalid-utf8":
+    if broken == "truncated":
         # the search span was in the unread record: not seen, and never FALSE
         assert verdict(ev) == "undetermined", ev.rationale
         assert not ev.coverage.complete
     else:
-        # only the "Beta Corp" resource was refused: the search span was applied
+        # the bad string read as U+FFFD / only the "Beta Corp" resource refused: search was applied
         assert verdict(ev) == "true", ev.rationale
