@@ -309,15 +309,26 @@ def _record_call(span: Span, *, tool_name: str, call_id: str, tool_arguments: st
     args, partial = policy.arguments(tool_arguments)
     if args is not None:
         span.set_attribute(GEN_AI_ARGUMENTS, args)
-        if partial:
+        if partial or _cut_by_limits(span, GEN_AI_ARGUMENTS, args):
             span.set_attribute(ARGUMENTS_TRUNCATED, True)
+
+
+def _cut_by_limits(span: Span, key: str, value: str) -> bool:
+    """Whether the SDK's span limits (``max_span_attribute_length``) cut ``value`` as it was set:
+    silently, so a canary or field past the cut would read as absent. Whatever exporter carries
+    the span (OTLP to the sidecar included), the flag makes checks on it UNDETERMINED."""
+    recorded = getattr(span, "attributes", None)  # SDK spans; a non-recording span has none
+    if recorded is None:
+        return False
+    kept = recorded.get(key)
+    return isinstance(kept, str) and len(kept) < len(value)
 
 
 def _record_result(span: Span, value: JsonValue, policy: CapturePolicy) -> None:
     text, partial = policy.result(value)
     if text is not None:
         span.set_attribute(GEN_AI_RESULT, text)
-        if partial:
+        if partial or _cut_by_limits(span, GEN_AI_RESULT, text):
             span.set_attribute(RESULT_TRUNCATED, True)
 
 

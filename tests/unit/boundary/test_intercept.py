@@ -403,3 +403,34 @@ async def test_api_key_is_a_bearer_token_never_sent_in_clear_text_off_loopback(
 )
 def test_base_url_forms(url: str, endpoint: str, tls: bool | None) -> None:
     assert intercept_mod.endpoint_of_url(url) == (endpoint, tls)
+
+
+async def test_arguments_the_sdk_limits_cut_are_flagged_whatever_exporter_carries_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A provider with max_span_attribute_length cuts the arguments silently; exported as plain
+    # OTLP (to the sidecar), nothing said so, and a canary past the cut read as absent: FALSE.
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from collector.config import ServiceConfig
+    from collector.processors.normalize import unpack_execution
+    from collector.receivers.decode import decode_span_facts
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attribute_length=64))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    args = json.dumps({"to": "x@example.test", "body": "a" * 80 + " tw-canary-0123456789abcdef0123"})
+    await intercept_tool(
+        tool_name="send_email", tool_arguments=args, result="sent", session_id="s", tracer=provider.get_tracer("a")
+    )
+    (span,) = exporter.get_finished_spans()
+    assert dict(span.attributes or {})[TRUNCATED_FLAG] is True
+    record = encode_spans([span]).SerializeToString()
+    facts = decode_span_facts(record, [], ServiceConfig(), 1024).facts
+    (execution,) = [unpack_execution(f["x"], t) for _, t, f, _ in facts if f["x"]]
+    assert execution.arguments_state is CaptureState.TRUNCATED
+    provider.shutdown()
