@@ -85,6 +85,7 @@ def _cut_arguments(e: ToolExecution, max_chars: int) -> ToolExecution:
         e.arguments[:max_chars],
         CaptureState.TRUNCATED,
         e.convention,
+        e.delivered_canary,
     )
 
 

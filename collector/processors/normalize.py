@@ -46,7 +46,8 @@ def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> l
 
     ``[span_id, name, failed 0/1 (2 = not known), start ns, end - start ns ("" = not ended; both strings:
     Lua numbers are doubles), capture code 0 captured / 1 absent / 2 truncated, arguments, call id,
-    openinference 0/1]``; trailing defaults (empty call id, GenAI convention) are left off.
+    openinference 0/1, delivered canary]``; trailing defaults (empty call id, GenAI convention, no
+    canary) are left off.
     """
     return pack_tool(
         short_id(e.span_id),
@@ -58,6 +59,7 @@ def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> l
         args,
         e.call_id,
         e.convention == "openinference",
+        e.delivered_canary,
     )
 
 
@@ -71,6 +73,7 @@ def pack_tool(
     args: str | None,
     call_id: str | None,
     openinference: bool,
+    delivered: str | None = None,
 ) -> list[Any]:
     """``pack_execution`` from plain values (``span_id`` already short, ``end_ns`` 0 = not ended)."""
     x: list[Any] = [
@@ -84,8 +87,10 @@ def pack_tool(
         _CAPTURE_CODES[state],
         args or "",
     ]
-    # trailing defaults left off: call id "" (unless openinference follows), convention 0
-    if openinference:
+    # trailing defaults left off: call id "" and convention 0 (unless what follows is given), no canary
+    if delivered:
+        x += (call_id or "", 1 if openinference else 0, delivered)
+    elif openinference:
         x += (call_id or "", 1)
     elif call_id:
         x.append(call_id)
@@ -108,6 +113,7 @@ def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
     span_id, name, failed, start, dur, code, args = x[:7]
     call_id = x[7] if len(x) > 7 else ""
     conv = x[8] if len(x) > 8 else 0
+    delivered = x[9] if len(x) > 9 else None
     state = _CAPTURE_STATES[int(code)]
     begin = int(start)
     if isinstance(dur, str):  # end - start in ns, "" = not ended
@@ -127,6 +133,7 @@ def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
         args if state is not CaptureState.ABSENT else None,
         state,
         "openinference" if conv else "gen_ai",
+        delivered or None,
     )
 
 

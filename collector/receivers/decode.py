@@ -411,6 +411,7 @@ def decode_span_facts(
                         args,
                         rules.call_id,
                         rules.convention == "openinference",
+                        rules.delivered,
                     )
                 fact = {
                     "i": short,

@@ -333,6 +333,7 @@ def execution_to_proto(e: ToolExecution) -> common_pb2.ToolExecution:
         arguments_json=e.arguments or "",
         arguments_state=_CAPTURE[e.arguments_state],
         convention=e.convention,
+        delivered_canary=e.delivered_canary or "",
     )
 
 
@@ -348,6 +349,7 @@ def execution_from_proto(p: common_pb2.ToolExecution) -> ToolExecution:
         arguments=p.arguments_json if p.arguments_state != common_pb2.CAPTURE_STATE_ABSENT else None,
         arguments_state=_CAPTURE_BACK.get(p.arguments_state, CaptureState.ABSENT),
         convention="openinference" if p.convention == "openinference" else "gen_ai",
+        delivered_canary=p.delivered_canary or None,
     )
 
 
@@ -375,6 +377,7 @@ def observation_to_proto(o: Observation) -> score_pb2.Observation:
             arguments_json=d["arguments"] or "",
             arguments_state=_CAPTURE[d["arguments_state"]],
             convention=d["convention"],
+            delivered_canary=d["delivered_canary"] or "",
         )
     set_timestamp(msg.captured_at, o.captured_at)
     return msg

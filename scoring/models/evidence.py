@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from scoring.models.scorables import AnyScorable
 
 #: "2": an OpenInference TOOL span's arguments are ``input.value`` before ``tool.parameters``.
-NORMALIZATION_VERSION = "2"
+#: "3": an execution records the poisoning canary its result delivered (``delivered_canary``).
+NORMALIZATION_VERSION = "3"
 
 # Reasons why coverage is not complete. Any of them makes absence unprovable.
 AWAITING_COMPLETION = "awaiting_completion"
@@ -57,6 +58,9 @@ class ToolExecution(_Frozen):
     arguments: str | None = None
     arguments_state: CaptureState = CaptureState.ABSENT
     convention: Literal["gen_ai", "openinference"] = "gen_ai"
+    #: the poisoning canary this execution's result delivered to the agent (the tool boundary's
+    #: ``toolwitness.poisoning.canary``): what makes "the canary did not propagate" a finding
+    delivered_canary: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -75,12 +79,14 @@ class ToolExecution(_Frozen):
         arguments: str | None,
         arguments_state: CaptureState,
         convention: Literal["gen_ai", "openinference"],
+        delivered_canary: str | None = None,
     ) -> ToolExecution:
         """An execution rebuilt from values that were validated when first seen (stored state).
 
-        No validation and no defaults: every field is given. Equal to the validated model of
-        the same values; about ten times cheaper than ``model_construct`` (the streaming
-        service rebuilds every execution of a trace for each decision).
+        No validation, and no default but ``delivered_canary`` (rare): every other field is given.
+        Equal to the validated model of the same values; about ten times cheaper than
+        ``model_construct`` (the streaming service rebuilds every execution of a trace for each
+        decision).
         """
         m = cls.__new__(cls)
         values = {
@@ -94,6 +100,7 @@ class ToolExecution(_Frozen):
             "arguments": arguments,
             "arguments_state": arguments_state,
             "convention": convention,
+            "delivered_canary": delivered_canary,
         }
         object.__setattr__(m, "__dict__", values)
         object.__setattr__(m, "__pydantic_fields_set__", set(values))
@@ -118,6 +125,8 @@ def execution_order(e: ToolExecution) -> tuple[object, ...]:
         e.arguments or "",
         e.arguments_state,
         e.convention,
+        e.delivered_canary is not None,
+        e.delivered_canary or "",
     )
 
 

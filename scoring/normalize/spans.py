@@ -60,11 +60,13 @@ OI_REDACTED = "__REDACTED__"
 OI_RESULT = "output.value"
 SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
 ERROR_TYPE = "error.type"
+#: set by the tool boundary on a tool span whose result it poisoned: the canary it delivered
+POISONING_CANARY = "toolwitness.poisoning.canary"
 #: every attribute ``span_rules`` reads except the results (a span fact does not keep them),
 #: plus the session keys: all a span fact depends on (``fact_attributes`` reads only these).
 FACT_KEYS = frozenset(
     {GEN_AI_OPERATION, GEN_AI_TOOL_NAME, GEN_AI_CALL_ID, GEN_AI_ARGUMENTS, OI_KIND, OI_TOOL_NAME, *OI_CALL_IDS}
-    | {*OI_ARGUMENTS, ERROR_TYPE, TRUNCATED_FLAG, LENGTH_LIMITED_FLAG, *SESSION_KEYS}
+    | {*OI_ARGUMENTS, ERROR_TYPE, TRUNCATED_FLAG, LENGTH_LIMITED_FLAG, POISONING_CANARY, *SESSION_KEYS}
 )
 
 # OTLP Span.flags bits (opentelemetry-proto trace.proto SpanFlags).
@@ -152,9 +154,11 @@ class SpanRules(NamedTuple):
     failed: bool | None
     #: coverage reasons, sorted, each once
     reasons: tuple[str, ...]
+    #: the poisoning canary the tool's result delivered (``POISONING_CANARY``), if any
+    delivered: str | None = None
 
 
-_NOT_A_TOOL = SpanRules(None, None, None, None, CaptureState.ABSENT, "gen_ai", False, ())
+_NOT_A_TOOL = SpanRules(None, None, None, None, CaptureState.ABSENT, "gen_ai", False, (), None)
 _ABSENT, _TRUNCATED, _CAPTURED = CaptureState.ABSENT, CaptureState.TRUNCATED, CaptureState.CAPTURED
 #: ``_new_rules(SpanRules, (all fields in order))``: a SpanRules at half the cost of its
 #: keyword-capable constructor (the one per tool execution on the hot path)
@@ -227,6 +231,7 @@ def span_rules(
             "gen_ai" if is_gen_ai else "openinference",
             failed,
             tuple(sorted(reasons)) if reasons else (),
+            _str(attrs.get(POISONING_CANARY)) or None,
         ),
     )
 
@@ -253,6 +258,7 @@ def normalize_span(span: NeutralSpan) -> SpanFacts:
         arguments=r.arguments,
         arguments_state=r.arguments_state,
         convention=r.convention,
+        delivered_canary=r.delivered,
     )
     return SpanFacts(execution, frozenset(r.reasons), r.result)
 

@@ -574,7 +574,21 @@ def test_complete_fully_captured_evidence_decides_every_condition(
         )
         for i, e in enumerate(seen)
     )
-    ev = Step(captured, Coverage.completed(), Acquisition.COMPLETE, final=True).evidence()
+    # ... and a poisoning payload that was delivered (without one, "did not propagate" is no finding)
+    last = max((e.end_time_unix_nano for e in captured), default=0)
+    deliveries = tuple(
+        ToolExecution(
+            name=f"deliverer-{k}",
+            start_time_unix_nano=last + 1 + k,
+            end_time_unix_nano=last + 2 + k,
+            arguments="{}",
+            arguments_state=CaptureState.CAPTURED,
+            delivered_canary=c.canaries[0],
+        )
+        for k, c in enumerate(conds)
+        if isinstance(c, PayloadPropagated)
+    )
+    ev = Step(captured + deliveries, Coverage.completed(), Acquisition.COMPLETE, final=True).evidence()
     for c in conds:
         assert judge(c, ev).verdict.decided, f"{c!r} undecided on complete, fully captured evidence"
 

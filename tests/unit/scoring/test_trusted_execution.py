@@ -22,6 +22,7 @@ _fields = st.fixed_dictionaries(
         "arguments": st.none() | st.text(max_size=60),
         "arguments_state": st.sampled_from(list(CaptureState)),
         "convention": st.sampled_from(["gen_ai", "openinference"]),
+        "delivered_canary": st.none() | _text,
     }
 )
 
