@@ -218,11 +218,18 @@ def _reject_constant(name: str) -> JsonValue:
     raise ValueError(f"not strict JSON: {name}")
 
 
+class _TooDeep(Exception):
+    """JSON nested deeper than this process can walk."""
+
+
 def _parse_json(text: str) -> tuple[bool, JsonValue]:
-    """(True, value) when ``text`` is strict JSON (no NaN/Infinity), else (False, None)."""
+    """(True, value) when ``text`` is strict JSON (no NaN/Infinity), else (False, None).
+    Raises _TooDeep for JSON nested beyond the recursion limit (not plain text either)."""
     try:
         return True, cast(JsonValue, json.loads(text, parse_constant=_reject_constant))
-    except (ValueError, RecursionError):
+    except RecursionError:
+        raise _TooDeep from None
+    except ValueError:
         return False, None
 
 
@@ -326,6 +333,15 @@ def splice(result: JsonValue, payload: str) -> SpliceResult:
     if result is None or isinstance(result, bool | int | float):
         kind = "null" if result is None else type(result).__name__
         return _not_applied(result, f"a {kind} result passes through")
+    try:
+        return _splice(result, payload)
+    except (_TooDeep, RecursionError):
+        # a JSON text appended to as plain text would no longer be JSON; a value this deep cannot
+        # be walked: either way the result passes unchanged (the next traced result is tried)
+        return _not_applied(result, "JSON nested too deep to splice into")
+
+
+def _splice(result: JsonValue, payload: str) -> SpliceResult:
     if isinstance(result, str):
         stripped = result.strip()
         if stripped[:1] in ('{', '[', '"') or stripped in ("true", "false", "null") or NUMBER_RE.fullmatch(stripped):

@@ -223,3 +223,16 @@ def test_any_non_json_text_is_plain_text(text: str) -> None:
     r = splice(text, P)
     if not is_json:
         assert r.applied and r.carrier == "plain_text" and r.value == append_text(text, P)
+
+
+@pytest.mark.parametrize("depth", [2000, 5000])
+def test_json_nested_too_deep_passes_unchanged_as_text_or_value(depth: int) -> None:
+    # As text it was taken for plain text: the payload went after the JSON, which was JSON no more.
+    text = "[" * depth + '"x"' + "]" * depth
+    r = splice(text, "PAYLOAD")
+    assert not r.applied and r.value == text
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value]
+    r = splice(value, "PAYLOAD")  # was a RecursionError out of splice()
+    assert not r.applied and r.value is value
