@@ -186,7 +186,7 @@ def scope_from_proto(s: common_pb2.Scope) -> Scope:
             message_id=m.message_id or "message",
             conversation_id=m.conversation_id,
             trace_ids=tuple(m.trace_ids),
-            response_text=m.response_text,
+            response_text=m.response_text if m.HasField("response_text") else None,
         )
     raise ControlDecodeError("invalid_scope", "expectation has no scope")
 
@@ -201,7 +201,7 @@ def scope_to_proto(scope: Scope) -> common_pb2.Scope:
             conversation_id=scope.conversation_id,
             message_id=scope.message_id,
             trace_ids=list(scope.trace_ids or ()),
-            response_text=scope.response_text or "",
+            response_text=scope.response_text,  # None: not set (no text), "" : the empty text
         )
     )
 

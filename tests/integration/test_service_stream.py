@@ -129,6 +129,12 @@ async def test_message_scope_and_substring_composite(kafka_bootstrap: str, redis
         scope2 = MessageScorable(message_id="m2", conversation_id="c1", trace_ids=(trace_id,), response_text="nope")
         eid2 = await tw.expect(scope2, expects("my_tool_call"), scorer="done_and_tool")
         assert verdict(await tw.wait_for(eid2, timeout=30)) == "false"
+        # No text given is not the empty text: the text leaf does not apply (as in the library),
+        # so the tool leaf decides; the empty text is a text without "done".
+        for mid, text, want in (("m3", None, "true"), ("m4", "", "false")):
+            scope3 = MessageScorable(message_id=mid, conversation_id="c1", trace_ids=(trace_id,), response_text=text)
+            eid3 = await tw.expect(scope3, expects("my_tool_call"), scorer="done_and_tool")
+            assert verdict(await tw.wait_for(eid3, timeout=30)) == want, (mid, text)
     agent.close()
 
 

@@ -188,7 +188,9 @@ class MessageScope(_message.Message):
     conversation_id: _builtins.str
     message_id: _builtins.str
     response_text: _builtins.str
-    """The response text, for text scorers composed with tool scorers."""
+    """The response text, for text scorers composed with tool scorers. Absent (not given) is not
+    the empty text: a text scorer does not apply to a message without one.
+    """
     @_builtins.property
     def trace_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Request traces linked to the scored response (never later turns)."""
@@ -199,13 +201,15 @@ class MessageScope(_message.Message):
         conversation_id: _builtins.str = ...,
         message_id: _builtins.str = ...,
         trace_ids: _abc.Iterable[_builtins.str] | None = ...,
-        response_text: _builtins.str = ...,
+        response_text: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_response_text", b"_response_text", "response_text", b"response_text"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "message_id", b"message_id", "response_text", b"response_text", "trace_ids", b"trace_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_response_text", b"_response_text", "conversation_id", b"conversation_id", "message_id", b"message_id", "response_text", b"response_text", "trace_ids", b"trace_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__response_text: _TypeAlias = _typing.Literal["response_text"]  # noqa: Y015
+    _WhichOneofArgType__response_text: _TypeAlias = _typing.Literal["_response_text", b"_response_text"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__response_text) -> _WhichOneofReturnType__response_text | None: ...
 
 Global___MessageScope: _TypeAlias = MessageScope  # noqa: Y015
 
