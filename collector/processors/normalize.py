@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from typing import Any
 
 from scoring.models.evidence import LIMIT_EXCEEDED, CaptureState, ToolExecution
@@ -41,13 +42,13 @@ _CAPTURE_CODES = {CaptureState.CAPTURED: 0, CaptureState.ABSENT: 1, CaptureState
 _CAPTURE_STATES = {v: k for k, v in _CAPTURE_CODES.items()}
 
 
-def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> list[Any]:
+def pack_execution(e: ToolExecution, args: str | None, state: CaptureState, digest: str | None = None) -> list[Any]:
     """A tool execution as the compact array the trace state keeps (memory per trace is bounded).
 
     ``[span_id, name, failed 0/1 (2 = not known), start ns, end - start ns ("" = not ended; both strings:
     Lua numbers are doubles), capture code 0 captured / 1 absent / 2 truncated, arguments, call id,
-    openinference 0/1, delivered canary]``; trailing defaults (empty call id, GenAI convention, no
-    canary) are left off.
+    openinference 0/1, delivered canary, digest of the arguments before the cut]``; trailing defaults
+    (empty call id, GenAI convention, no canary, not cut) are left off.
     """
     return pack_tool(
         short_id(e.span_id),
@@ -60,6 +61,7 @@ def pack_execution(e: ToolExecution, args: str | None, state: CaptureState) -> l
         e.call_id,
         e.convention == "openinference",
         e.delivered_canary,
+        digest,
     )
 
 
@@ -74,6 +76,7 @@ def pack_tool(
     call_id: str | None,
     openinference: bool,
     delivered: str | None = None,
+    digest: str | None = None,
 ) -> list[Any]:
     """``pack_execution`` from plain values (``span_id`` already short, ``end_ns`` 0 = not ended)."""
     x: list[Any] = [
@@ -88,13 +91,21 @@ def pack_tool(
         args or "",
     ]
     # trailing defaults left off: call id "" and convention 0 (unless what follows is given), no canary
-    if delivered:
+    if digest:
+        x += (call_id or "", 1 if openinference else 0, delivered or "", digest)
+    elif delivered:
         x += (call_id or "", 1 if openinference else 0, delivered)
     elif openinference:
         x += (call_id or "", 1)
     elif call_id:
         x.append(call_id)
     return x
+
+
+def full_digest(args: str) -> str:
+    """A short digest of arguments the state keeps cut: two copies of a span whose arguments differ
+    only past the cut still differ in the state (a replay is exact; anything else is a conflict)."""
+    return hashlib.blake2b(args.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def cap_arguments(args: str | None, state: CaptureState, max_argument_bytes: int) -> tuple[str | None, CaptureState]:
@@ -144,7 +155,8 @@ def span_fact(span: NeutralSpan, max_argument_bytes: int) -> dict[str, Any]:
     e = facts.execution
     if e is not None:
         args, state = cap_arguments(e.arguments, e.arguments_state, max_argument_bytes)
-        x = pack_execution(e, args, state)
+        cut = e.arguments is not None and args != e.arguments
+        x = pack_execution(e, args, state, full_digest(e.arguments) if cut and e.arguments else None)
     end_ms = (span.end_time_unix_nano or 0) // 1_000_000
     return {
         "i": short_id(span.span_id),

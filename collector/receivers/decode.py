@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector.config import ServiceConfig
-from collector.processors.normalize import cap_arguments, pack_tool, span_fact
+from collector.processors.normalize import cap_arguments, full_digest, pack_tool, span_fact
 from collector.receivers.lenient import parse_lenient
 from scoring.normalize.spans import (
     SESSION_KEYS,
@@ -400,7 +400,8 @@ def decode_span_facts(
                     parent_short = parents[parent] = b64(parent, newline=False).translate(_B64URL, b"=").decode()
                 x: list[Any] | bool = False
                 if rules.name is not None:
-                    args, state = cap_arguments(rules.arguments, rules.arguments_state, max_argument_bytes)
+                    full = rules.arguments
+                    args, state = cap_arguments(full, rules.arguments_state, max_argument_bytes)
                     x = pack_tool(
                         short,
                         rules.name,
@@ -412,6 +413,7 @@ def decode_span_facts(
                         rules.call_id,
                         rules.convention == "openinference",
                         rules.delivered,
+                        full_digest(full) if full is not None and args != full else None,
                     )
                 fact = {
                     "i": short,

@@ -11,6 +11,7 @@ batched (from a differential review: library vs service on the same spans, Kafka
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -140,3 +141,38 @@ async def test_each_export_delivered_twice_in_one_batch_is_a_replay_not_a_confli
         assert "conflicting_evidence" not in a.coverage.reasons
     finally:
         await drop_stack(cfg)
+
+
+@pytest.mark.parametrize(("second_path", "expected"), [("/tmp/a", "false"), ("/etc/b", "undetermined")])
+async def test_copies_of_a_span_differing_only_past_the_argument_cut_conflict(
+    kafka_bootstrap: str, redis_url: str, second_path: str, expected: str
+) -> None:
+    # Both copies were cut to max_argument_bytes before the replay check compared them: they
+    # looked identical, so the trace was complete and "delete never ran" decided (FALSE for "delete
+    # ran") where the library sees conflicting evidence. An exact replay still is none.
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
+    trace, root, tool_id = new_trace_id(), new_span_id(), new_span_id()
+    t0 = int(time.time() * 1000) - 5_000
+
+    def copy(path: str) -> Any:
+        args = json.dumps({"pad": "x" * 2000, "path": path})
+        return otlp_span(
+            trace,
+            span_id=tool_id,
+            parent=root,
+            tool="search",
+            start_ms=t0 + 1,
+            end_ms=t0 + 2,
+            attrs={"gen_ai.tool.call.arguments": args},
+        )
+
+    agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
+    async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete"), deadline=timedelta(seconds=5))
+        for spans in ([agent, copy("/tmp/a")], [copy(second_path)]):
+            await producer.send_and_wait(
+                cfg.kafka.topics.spans, otlp_request(spans).SerializeToString(), key=trace.encode()
+            )
+        await tw.mark_complete(trace, span_count=2)
+        ev = await tw.wait_for(ident, timeout=30)
+    assert verdict(ev) == expected, (ev.rationale, list(ev.coverage.reasons))

@@ -27,3 +27,18 @@ def test_a_state_written_with_microsecond_durations_still_reads() -> None:
     assert unpack_execution(ended, TRACE).end_time_unix_nano == 1_700_000_000_001_500_000
     open_ = ["AAAAAAAAAAE", "search", 0, "1700000000000000000", -1, 0, "{}"]
     assert unpack_execution(open_, TRACE).end_time_unix_nano == 0
+
+
+def test_arguments_cut_for_the_state_keep_what_tells_two_copies_apart() -> None:
+    from collector.processors.normalize import cap_arguments, full_digest
+
+    def packed(args: str) -> list[object]:
+        cut, state = cap_arguments(args, CaptureState.CAPTURED, 64)
+        return pack_tool("AAAAAAAAAAE", "search", False, 1, 2, state, cut, None, False, None, full_digest(args))
+
+    same_start = '{"pad": "' + "x" * 100
+    a, b = packed(same_start + '", "path": "/tmp/a"}'), packed(same_start + '", "path": "/etc/b"}')
+    assert a[:7] == b[:7] and a != b  # the same cut, not the same arguments
+    assert packed(same_start + '", "path": "/tmp/a"}') == a  # a replay is exact
+    e = unpack_execution(a, TRACE)
+    assert e.arguments_state is CaptureState.TRUNCATED and e.delivered_canary is None and e.call_id is None
