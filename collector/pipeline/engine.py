@@ -6,6 +6,7 @@ Used by the per-batch checkpoint and by the sweeper; both follow the same order
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -171,6 +172,11 @@ class Engine:
                     exp, obs, verdict, rationale, meta, version=1, trigger=trigger, now=now, revisable=revisable
                 )
             )
+        for i, o in enumerate(outcomes):
+            if isinstance(o.expectation.scope, SessionScorable):
+                # how many traces it read: a session that has more by the settle is re-judged
+                key = (o.expectation.tenant, o.expectation.expectation_id)
+                outcomes[i] = dataclasses.replace(o, traces_seen=len(traces[key]))
         return outcomes
 
     async def decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:
@@ -220,7 +226,8 @@ class Engine:
         }
         # A span that broke the completion claim after this evaluation (applied by a batch while
         # the sweeper decided, or by another instance): re-judged as a revision.
-        self.contradicted.update(await self.store.settle(decided, finished, now_ms, reclaim))
+        seen = {(o.expectation.tenant, o.expectation.expectation_id): o.traces_seen for o in outcomes}
+        self.contradicted.update(await self.store.settle(decided, finished, now_ms, reclaim, seen))
         # Lost to a decision this evaluation contradicts (new evidence arrived between that decision
         # and its settle, so the trace's decided set did not know it yet): revise it. A FALSE, or a
         # TRUE when this evaluation's FALSE rests on presence alone (incomplete coverage: no later

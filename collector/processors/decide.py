@@ -166,6 +166,8 @@ class Outcome:
     #: that breaks the claim may change it: the expectation keeps watching its traces. A verdict
     #: evidence alone proves (presence) never changes; UNDETERMINED at the deadline is final.
     revisable: bool = False
+    #: how many traces the evaluation read (a session's grow: one joining meanwhile is re-judged)
+    traces_seen: int = 0
 
 
 class Decider:

@@ -14,7 +14,7 @@ not yet published). A batch's updates are EVALSHA calls sent in a few round trip
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, cast
@@ -218,6 +218,7 @@ class TraceStateStore:
         self._mark: AsyncScript | None = None
         self._decide: AsyncScript | None = None
         self._index: AsyncScript | None = None
+        self._session_done: AsyncScript | None = None
         self._claim: AsyncScript | None = None
         self._release: AsyncScript | None = None
 
@@ -228,10 +229,13 @@ class TraceStateStore:
         self._mark = self.redis.register_script(prelude + _lua("mark_complete.lua"))
         self._decide = self.redis.register_script(_lua("decide.lua"))
         self._index = self.redis.register_script(prelude + _lua("index.lua"))
+        self._session_done = self.redis.register_script(_lua("session_done.lua"))
         self._claim = self.redis.register_script(_CLAIM_LUA)
         self._release = self.redis.register_script(_RELEASE_LUA)
         # Load them now so a broken script fails start-up, not the first batch.
-        for script in (self._apply, self._mark, self._decide, self._index, self._claim, self._release):
+        for script in (
+            self._apply, self._mark, self._decide, self._index, self._session_done, self._claim, self._release
+        ):
             script.sha = await self.redis.script_load(script.script)
 
     async def shutdown(self) -> None:
@@ -320,13 +324,18 @@ class TraceStateStore:
             cmds.add("PEXPIRE", self.k.session_traces(tenant, session), self.ttl_ms)
             cmds.add("SMEMBERS", self.k.session_pending(tenant, session))
             cmds.add("GET", self.k.session_complete(tenant, session))
+            cmds.add("SCARD", self.k.session_decided(tenant, session))
         raw = await self._execute(cmds)
         pending: dict[tuple[str, str], list[str]] = {}
         broken: list[tuple[str, str]] = []
         for i, (tenant, session, _) in enumerate(items):
-            added, _, pend, marker_at = raw[4 * i : 4 * i + 4]
+            added, _, pend, marker_at, decided = raw[5 * i : 5 * i + 5]
             pending[(tenant, session)] = sorted(_s(x) for x in pend)
-            if int(added) and marker_at is not None and watermark_ms >= int(marker_at) + lateness:
+            # Complete by this batch's watermark, or already judged complete by someone whose
+            # watermark was ahead of this batch's (a decision resting on completion exists): either
+            # way the claim the joining trace breaks was made.
+            passed = marker_at is not None and watermark_ms >= int(marker_at) + lateness
+            if int(added) and (passed or (marker_at is not None and int(decided))):
                 broken.append((tenant, session))
         return pending, broken
 
@@ -509,9 +518,11 @@ class TraceStateStore:
         finished: Sequence[RegisteredExpectation],
         now_ms: int,
         reclaim: Iterable[tuple[str, str]] = (),
+        seen: Mapping[tuple[str, str], int] | None = None,
     ) -> list[tuple[str, str]]:
         """After winning compare-and-sets: note them unpublished (for the sweeper) and update the indexes.
-        Returns the ``decided`` (tenant, id) whose trace turned late before this (to re-judge).
+        Returns the ``decided`` (tenant, id) whose trace turned late before this, or whose session
+        has more traces now than ``seen`` (how many its evaluation read): to re-judge.
 
         ``decided`` keep watching their traces for a broken completion claim; ``finished``
         (UNDETERMINED, revisions) leave every index. The states of the ``reclaim`` traces
@@ -520,7 +531,7 @@ class TraceStateStore:
         """
         if not decided and not finished:
             return []
-        assert self._index is not None
+        assert self._index is not None and self._session_done is not None
         shorten = set(reclaim)
         members = [member(e.tenant, e.expectation_id) for e in (*decided, *finished)]
         by_trace: dict[tuple[str, str, str], list[str]] = {}
@@ -544,12 +555,21 @@ class TraceStateStore:
                 [self.k.state(tenant, trace), self.k.tombstone(tenant, trace)],
                 [self.ttl_ms, op, ms if (tenant, trace) in shorten else 0, *ids],
             )
+        checked: list[tuple[int, str, str]] = []  # (reply index, tenant, id) of session_done calls
         for tenant, session, exp_id, revisable in sessions:
-            cmds.add("SREM", self.k.session_pending(tenant, session), exp_id)
             if revisable:  # a trace arriving after the session was complete revises it
-                cmds.add("SADD", self.k.session_decided(tenant, session), exp_id)
-                cmds.add("PEXPIRE", self.k.session_decided(tenant, session), self.ttl_ms)
+                checked.append((len(cmds), tenant, exp_id))
+                cmds.evalsha(
+                    self._session_done,
+                    [
+                        self.k.session_pending(tenant, session),
+                        self.k.session_decided(tenant, session),
+                        self.k.session_traces(tenant, session),
+                    ],
+                    [exp_id, self.ttl_ms, (seen or {}).get((tenant, exp_id), 0)],
+                )
             else:
+                cmds.add("SREM", self.k.session_pending(tenant, session), exp_id)
                 cmds.add("SREM", self.k.session_decided(tenant, session), exp_id)
         cmds.add("ZREM", self.k.deadlines, *members)
         replies = await self._execute(cmds)
@@ -557,6 +577,8 @@ class TraceStateStore:
         for ((op, tenant, _trace), ids), reply in zip(indexed, replies[1 : 1 + len(indexed)], strict=True):
             if op == "done" and reply == 2:
                 late += [(tenant, i) for i in ids]
+        # a trace joined the session while it was being decided: the decision may have missed it
+        late += [(tenant, exp_id) for at, tenant, exp_id in checked if replies[at] == 1]
         return late
 
     async def reclaim(self, traces: Sequence[tuple[str, str]]) -> None:

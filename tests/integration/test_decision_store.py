@@ -76,3 +76,41 @@ async def test_published_between_the_compare_and_set_and_the_payload_read(store:
     [lost] = await store.decide_many([request("e2")])
     assert len(calls) == 2  # the payload was read in a second round trip, after the publish
     assert not lost.won and lost.published  # so it is not re-sent (its payload is gone)
+
+
+# --- a trace joining a session while the session is being decided (from a differential review) ----
+
+
+def _session_expectation(eid: str, session: str) -> Any:
+    from collector.wire.convert import RegisteredExpectation
+    from scoring.models import SessionScorable
+    from tests.integration.harness import expects
+
+    scope = SessionScorable(session_id=session)
+    return RegisteredExpectation(eid, "default", scope, "tools", expects("search"), 2**50, 0)
+
+
+async def test_a_session_decision_that_read_fewer_traces_than_the_session_has_is_re_judged(
+    store: TraceStateStore,
+) -> None:
+    # The sweeper read the session's one trace and decided FALSE; a batch linked a second trace
+    # (which ran the tool) before the sweeper's settle: the settle says so.
+    exp = _session_expectation("s-e1", "sess-1")
+    await store.index_sessions([("default", "sess-1", "a" * 32)], watermark_ms=0)
+    assert await store.settle([exp], [], now_ms=1, seen={("default", "s-e1"): 1}) == []
+    exp2 = _session_expectation("s-e2", "sess-1")
+    await store.index_sessions([("default", "sess-1", "b" * 32)], watermark_ms=0)
+    assert await store.settle([exp2], [], now_ms=1, seen={("default", "s-e2"): 1}) == [("default", "s-e2")]
+
+
+async def test_a_trace_joining_a_session_decided_on_its_completeness_breaks_it_whatever_the_watermark(
+    store: TraceStateStore,
+) -> None:
+    # The sweeper (watermark ahead) judged the session complete and settled; a batch whose
+    # watermark is older links a trace: the decision rests on a claim this trace breaks.
+    await store.redis.set(store.k.session_complete("default", "sess-2"), 1_000)
+    await store.index_sessions([("default", "sess-2", "a" * 32)], watermark_ms=0)
+    await store.settle([_session_expectation("s-e3", "sess-2")], [], now_ms=1, seen={("default", "s-e3"): 1})
+    _, broken = await store.index_sessions([("default", "sess-2", "b" * 32)], watermark_ms=0)  # old watermark
+    assert broken == [("default", "sess-2")]
+    assert await store.revise_sessions(broken) == {("default", "sess-2"): ["s-e3"]}

@@ -136,12 +136,12 @@ async def test_a_revision_whose_settle_failed_is_sent_on_the_replay(kafka_bootst
         failed: list[int] = []
 
         async def settle_fails_once(
-            decided: Any, finished: Any, now_ms: int, reclaim: Any = ()
+            decided: Any, finished: Any, now_ms: int, reclaim: Any = (), seen: Any = None
         ) -> list[tuple[str, str]]:
             if not failed and any(e.expectation_id == ident for e in (*decided, *finished)):
                 failed.append(1)  # right after the compare-and-set won: Redis drops the connection
                 raise RedisConnectionError("injected: connection lost after the decision")
-            return await real_settle(decided, finished, now_ms, reclaim)
+            return await real_settle(decided, finished, now_ms, reclaim, seen)
 
         service.store.settle = settle_fails_once  # type: ignore[method-assign]
         await send_spans(
@@ -262,11 +262,13 @@ async def test_a_span_applied_while_the_sweeper_decides_still_revises(kafka_boot
         gate = asyncio.Event()
         held: list[str] = []
 
-        async def settle_held(decided: Any, finished: Any, now_ms: int, reclaim: Any = ()) -> list[tuple[str, str]]:
+        async def settle_held(
+            decided: Any, finished: Any, now_ms: int, reclaim: Any = (), seen: Any = None
+        ) -> list[tuple[str, str]]:
             if not held and any(e.expectation_id == "swept" for e in (*decided, *finished)):
                 held.append("swept")
                 await gate.wait()
-            return await real_settle(decided, finished, now_ms, reclaim)
+            return await real_settle(decided, finished, now_ms, reclaim, seen)
 
         service.store.settle = settle_held  # type: ignore[method-assign]
         await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
