@@ -176,6 +176,15 @@ class Acquisition(StrEnum):
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _hashed(e: ToolExecution) -> dict[str, object]:
+    """An execution as the observation id covers it: every field, but ``delivered_canary`` only when
+    set (it came with normalization 3: observations published before keep their ids)."""
+    d = e.__dict__
+    if d.get("delivered_canary") is None:
+        return {k: v for k, v in d.items() if k != "delivered_canary"}
+    return d
+
+
 def canonical_json(value: object) -> str:
     """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept."""
     return _CANONICAL.encode(value)
@@ -229,8 +238,8 @@ class Observation(_Frozen):
         return hashlib.sha256(_content_bytes(self._content())).hexdigest()
 
     def _content(self) -> dict[str, object]:
-        """What the id covers, as ``model_dump(mode="json")`` gives it minus ``observation_id`` and
-        ``captured_at``; built from the fields directly (the streaming service hashes every
+        """What the id covers, as ``model_dump(mode="json")`` gives it minus ``observation_id``,
+        ``captured_at`` and each execution's unset ``delivered_canary``; built from the fields directly (the streaming service hashes every
         observation it publishes). Executions and coverage have only plain, None and str-enum
         values, which JSON writes as ``model_dump(mode="json")`` does; the differential test
         ``tests/unit/scoring/test_observation_id.py`` holds the two equal."""
@@ -238,7 +247,7 @@ class Observation(_Frozen):
         return {
             "scorable": self.scorable.model_dump(mode="json"),
             # in execution order whatever the tuple's (``model_construct`` skips the validator)
-            "tool_executions": [e.__dict__ for e in sorted(self.tool_executions, key=execution_order)],
+            "tool_executions": [_hashed(e) for e in sorted(self.tool_executions, key=execution_order)],
             "coverage": {"complete": c.complete, "reasons": c.reasons, "source": c.source},
             "acquisition": self.acquisition,
             "normalization_version": self.normalization_version,

@@ -41,6 +41,7 @@ _execution = st.builds(
     arguments=st.none() | _text,
     arguments_state=st.sampled_from(list(CaptureState)),
     convention=st.sampled_from(["gen_ai", "openinference"]),
+    delivered_canary=st.none() | _text,
 )
 _trusted = _execution.map(lambda e: ToolExecution.trusted(**e.__dict__))
 _coverage = st.one_of(
@@ -63,8 +64,13 @@ _scope = st.one_of(
 
 
 def reference_hash(o: Observation) -> str:
-    """The definition: model_dump(mode="json") without the id and capture time, canonical JSON, SHA-256."""
+    """The definition: model_dump(mode="json") without the id, the capture time and each execution's
+    unset delivered_canary (normalization 3 added it: earlier observations keep their ids),
+    canonical JSON, SHA-256."""
     body = o.model_dump(mode="json", exclude={"observation_id", "captured_at"})
+    for e in body["tool_executions"]:
+        if e["delivered_canary"] is None:
+            del e["delivered_canary"]
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
@@ -144,3 +150,19 @@ def test_equal_evidence_in_any_order_has_one_id_and_one_order(executions: list[T
         captured_at=a.captured_at,
     )
     assert built.content_hash() == a.observation_id
+
+
+def test_an_observation_published_before_normalization_3_still_loads_with_its_id() -> None:
+    # Written by the service at 5ef347e (normalization "2", before executions had
+    # delivered_canary): the snapshot stays re-scorable, its id unchanged.
+    from pathlib import Path
+
+    from collector.wire.convert import observation_from_proto
+    from collector.wire.gen import score_pb2
+
+    data = Path(__file__).resolve().parents[2] / "data" / "observations"
+    want = "247ab2d829abaed4898b6eeeaa7085c16b51d053c209bd4df39fd1157d4c66c6"
+    from_json = Observation.model_validate_json((data / "v2_observation.json").read_bytes())
+    from_proto = observation_from_proto(score_pb2.Observation.FromString((data / "v2_observation.bin").read_bytes()))
+    assert from_json.observation_id == from_proto.observation_id == want
+    assert from_json.normalization_version == "2" and from_json.tool_executions[0].delivered_canary is None
