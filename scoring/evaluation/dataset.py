@@ -187,6 +187,8 @@ def load_csv(path: Path | str, metrics_type: MetricsType) -> HumanLabeledDataset
         columns = [c.strip() for c in next(reader)]
     except StopIteration:
         raise DatasetError("no column header row after the version line", path=path, line=2) from None
+    except csv.Error as exc:
+        raise DatasetError(f"malformed CSV column header row: {exc}", path=path, line=2) from None
     header_line = line_offset + reader.line_num
     if metrics_type is MetricsType.HARM and not harm_definition_version:
         hint = ""

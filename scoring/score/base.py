@@ -234,8 +234,8 @@ class Scorer(EvaluationMethods, ABC):
     ) -> Score:
         ident = self.get_identifier()
         ident_hash = self._identity_hash()
-        if isinstance(value, float) and math.isnan(value):
-            value = None  # a scorer's "no value": UNDETERMINED, never a decided score
+        if value is not None and not isinstance(value, bool) and math.isnan(float(value)):
+            value = None  # a scorer's "no value" (any float type, numpy's too): UNDETERMINED
         if value is not None and self.scorer_type == "float_scale" and not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"{type(self).__name__} produced {value!r}; a float-scale score is in [0, 1]")
         if value is None:

@@ -192,3 +192,9 @@ def test_an_objective_file_loaded_as_harm_says_which_kind_it_is(tmp_path: Path) 
     path = write(tmp_path, "obj.csv", "# dataset_version=1.0\nobjective,human_score,assistant_response\nq,1,no\n")
     with pytest.raises(DatasetError, match="makes it an objective dataset: a float-scale scorer is evaluated on harm"):
         load_csv(path, MetricsType.HARM)
+
+
+def test_a_malformed_column_header_row_is_a_dataset_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "hdr.csv", '# dataset_version=1\nobjective,assistant_response,"human_score\nobj,resp,1\n')
+    with pytest.raises(DatasetError, match=r"hdr.csv:2: malformed CSV column header row"):
+        load_csv(path, MetricsType.OBJECTIVE)

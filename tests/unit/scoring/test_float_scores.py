@@ -48,3 +48,14 @@ def test_threshold_1_and_1_0_are_one_scorer() -> None:
     a = FloatScaleThresholdScorer(scorer=_Fixed(0.5), threshold=1)
     b = FloatScaleThresholdScorer(scorer=_Fixed(0.5), threshold=1.0)
     assert a.get_identifier().hash == b.get_identifier().hash
+
+
+async def test_a_numpy_nan_is_undetermined_too() -> None:
+    import numpy as np
+
+    (leaf,) = await _Fixed(float(np.float32("nan"))).score_async(ContentScorable(text="x"))
+    assert leaf.get_value() is None
+    scorer = _Fixed(0.5)
+    scorer.value = np.float32("nan")  # type: ignore[assignment]  # as a model's output would be
+    (leaf,) = await scorer.score_async(ContentScorable(text="x"))
+    assert leaf.status == ScoreStatus.UNDETERMINED
