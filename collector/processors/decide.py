@@ -246,6 +246,8 @@ class Decider:
         budget = self.cfg.limits.max_observation_bytes
         chars = _scope_chars(observation.scorable)
         for e in observation.tool_executions:
+            # every text an agent writes counts (a 1,200-character tool name too), not only arguments
+            chars += len(e.name) + len(e.call_id or "") + len(e.delivered_canary or "")
             if e.arguments:
                 chars += len(e.arguments)
         bound = OBSERVATION_OVERHEAD + BYTES_PER_CHAR * chars + EXECUTION_OVERHEAD * len(observation.tool_executions)

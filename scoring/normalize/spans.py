@@ -62,6 +62,8 @@ SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
 ERROR_TYPE = "error.type"
 #: set by the tool boundary on a tool span whose result it poisoned: the canary it delivered
 POISONING_CANARY = "toolwitness.poisoning.canary"
+#: a longer value is no canary this project writes (``tw-canary-`` + 20 hex): no delivery on record
+MAX_CANARY_CHARS = 128
 #: every attribute ``span_rules`` reads except the results (a span fact does not keep them),
 #: plus the session keys: all a span fact depends on (``fact_attributes`` reads only these).
 FACT_KEYS = frozenset(
@@ -231,9 +233,15 @@ def span_rules(
             "gen_ai" if is_gen_ai else "openinference",
             failed,
             tuple(sorted(reasons)) if reasons else (),
-            _str(attrs.get(POISONING_CANARY)) or None,
+            _canary(attrs.get(POISONING_CANARY)),
         ),
     )
+
+
+def _canary(v: AttrValue) -> str | None:
+    """The delivered canary of a span, when it can be one (an agent writes its own attributes:
+    an unbounded value would be kept in the state and in every observation)."""
+    return v if isinstance(v, str) and 0 < len(v) <= MAX_CANARY_CHARS else None
 
 
 def normalize_span(span: NeutralSpan) -> SpanFacts:

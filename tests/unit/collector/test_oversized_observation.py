@@ -148,3 +148,48 @@ async def test_losing_to_a_false_with_contradicting_evidence_asks_for_a_revision
     assert out.verdict is Verdict.TRUE
     await engine.decide_and_send([out])
     assert engine.contradicted == {(TENANT, "ran")}
+
+
+@pytest.mark.parametrize("long_text", ["name", "call_id", "canary"])
+def test_every_text_an_agent_writes_counts_toward_the_record_size(long_text: str) -> None:
+    # Only arguments were counted: 1,000 executions with a 1,200-character tool name (or call id,
+    # or delivered canary) "fit" without being encoded, made a 1.3 MB record, and the producer's
+    # refusal stalled the partition. Now they do not fit, and shrink() drops the executions.
+    from collector.processors.decide import Decider
+    from collector.wire.convert import observation_to_proto
+    from scoring.models import TraceScorable as _Trace
+    from scoring.models.evidence import CaptureState, Coverage, Observation, ToolExecution
+
+    cfg = ServiceConfig()
+    decider = Decider(cfg)
+    text = "f" * 1200
+    executions = tuple(
+        ToolExecution(
+            name=text if long_text == "name" else "search",
+            trace_id=TRACE,
+            span_id=f"{i:016x}",
+            call_id=text if long_text == "call_id" else None,
+            start_time_unix_nano=i + 1,
+            end_time_unix_nano=i + 2,
+            arguments="{}",
+            arguments_state=CaptureState.CAPTURED,
+            delivered_canary=text if long_text == "canary" else None,
+        )
+        for i in range(1000)
+    )
+    o = Observation(scorable=_Trace(trace_ids=(TRACE,)), tool_executions=executions, coverage=Coverage.completed())
+    assert len(encode(observation_to_proto(o), cfg.kafka.output_format)) > cfg.limits.max_observation_bytes
+    assert not decider.fits(o)
+    small = decider.shrink(o)
+    assert decider.fits(small) and small.tool_executions == () and LIMIT_EXCEEDED in small.coverage.reasons
+
+
+def test_a_canary_no_boundary_writes_is_no_delivery() -> None:
+    from scoring.normalize.spans import MAX_CANARY_CHARS, span_rules
+
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "fetch_page"}
+    kw: dict[str, Any] = {"status_error": False, "ended": True, "sampled": True, "dropped": False}
+    ok = span_rules({**tool, "toolwitness.poisoning.canary": "tw-canary-0123456789abcdef0123"}, **kw)
+    assert ok.delivered == "tw-canary-0123456789abcdef0123"
+    assert span_rules({**tool, "toolwitness.poisoning.canary": "x" * (MAX_CANARY_CHARS + 1)}, **kw).delivered is None
+    assert span_rules({**tool, "toolwitness.poisoning.canary": 7}, **kw).delivered is None
