@@ -105,6 +105,7 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         self._producer: Any = None
         self._record_limit = config.kafka.max_record_bytes
         self._renewing = asyncio.Lock()
+        self._stale = False  # the producer's sequence broke and its renewal failed: renew first
         self.forwarded_records = 0
         self.rejected_spans = 0
 
@@ -184,16 +185,24 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
                 await admin.close()
 
     async def _renew_producer(self, broken: Any) -> None:
-        """Replace a producer the broker put out of sequence (a refused record; a lost batch)."""
+        """Replace a producer the broker put out of sequence (a refused record; a lost batch). The
+        broken one stays until a new one has started: a failed renewal is tried again by the next
+        Export (``_stale``), never leaving the receiver without a producer."""
         async with self._renewing:
             if self._producer is not broken:
                 return  # another call renewed it already
             log.warning("%s: renewing the Kafka producer (its sequence broke)", COMPONENT, extra=_EXTRA)
-            self._producer = None
+            try:
+                fresh = await self._new_producer()
+            except Exception as exc:
+                self._stale = True
+                log.warning("%s: renewing the Kafka producer failed, next call retries: %r", COMPONENT, exc,
+                            extra=_EXTRA)
+                return
+            self._producer, self._stale = fresh, False
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self._timeout_s):
                     await broken.stop()
-            self._producer = await self._new_producer()
 
     async def _after_stop(self) -> None:
         producer, self._producer = self._producer, None
@@ -212,6 +221,8 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
 
     async def handle_export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
         await self._check_auth(context)
+        if self._stale and self._producer is not None:
+            await self._renew_producer(self._producer)
         producer = self._producer
         if producer is None:
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver is shutting down")

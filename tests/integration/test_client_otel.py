@@ -744,6 +744,47 @@ async def test_a_trace_the_topic_refuses_does_not_stop_the_sidecar(
     ]
 
 
+async def test_a_failed_producer_renewal_is_tried_again_by_the_next_export(
+    kafka_bootstrap: str, topics: TopicsConfig, topic_factory: TopicFactory
+) -> None:
+    # The renewal after a refused record failed once (broker slow for a moment): the receiver was
+    # left without a producer and answered every later Export "shutting down" until restarted.
+    spans_topic = await topic_factory(1)
+    sidecar = create_sidecar(sidecar_config(kafka_bootstrap, topics.model_copy(update={"spans": spans_topic})), env={})
+    tries: list[int] = []
+    async with asyncio.timeout(TIMEOUT_S):
+        await sidecar.start()
+        try:
+            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+            await admin.start()
+            try:
+                lowered = ConfigResource(ConfigResourceType.TOPIC, spans_topic, {"max.message.bytes": "100000"})
+                await admin.alter_configs([lowered])
+            finally:
+                await admin.close()
+            real_new = sidecar._new_producer
+
+            async def slow_once() -> Any:
+                tries.append(1)
+                if len(tries) == 1:
+                    raise TimeoutError("injected: the broker was slow for a moment")
+                return await real_new()
+
+            sidecar._new_producer = slow_once  # type: ignore[method-assign]
+            async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
+                stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
+                await stub.Export(_one_trace_request(uuid.uuid4().bytes, "before"), timeout=10)
+                refused = await stub.Export(_one_trace_request(uuid.uuid4().bytes, "big", 300_000), timeout=10)
+                after = [uuid.uuid4().bytes for _ in range(2)]
+                for trace_id in after:
+                    await stub.Export(_one_trace_request(trace_id, "after"), timeout=10)
+        finally:
+            await sidecar.shutdown()
+    assert refused.partial_success.rejected_spans == 1 and len(tries) == 2
+    keys = [r.key for r in await read_records(kafka_bootstrap, spans_topic, 3)]
+    assert keys[1:] == [t.hex().encode() for t in after]
+
+
 async def test_a_string_that_is_not_utf8_costs_the_sidecar_no_span(kafka_bootstrap: str, topics: TopicsConfig) -> None:
     # The Go Collector and SDKs pass such strings through; refused whole (UNKNOWN, not retried by
     # OTLP exporters), every trace of the batch was lost. Read with U+FFFD, both are forwarded.
