@@ -239,9 +239,10 @@ class Observation(_Frozen):
 
     def _content(self) -> dict[str, object]:
         """What the id covers, as ``model_dump(mode="json")`` gives it minus ``observation_id``,
-        ``captured_at`` and each execution's unset ``delivered_canary``; built from the fields directly (the streaming service hashes every
-        observation it publishes). Executions and coverage have only plain, None and str-enum
-        values, which JSON writes as ``model_dump(mode="json")`` does; the differential test
+        ``captured_at`` and each execution's unset ``delivered_canary``; built from the fields
+        directly (the streaming service hashes every observation it publishes). Executions and
+        coverage have only plain, None and str-enum values, which JSON writes as
+        ``model_dump(mode="json")`` does; the differential test
         ``tests/unit/scoring/test_observation_id.py`` holds the two equal."""
         c = self.coverage
         return {

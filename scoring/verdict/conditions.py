@@ -178,21 +178,27 @@ def _plain(text: str) -> str:
     return text.translate(_INVISIBLE).casefold()
 
 
-def _readings(text: str) -> Iterator[str]:
-    """``text`` as recorded and as it reads once decoded: HTML entities, percent-encoding, base64 runs."""
-    yield _plain(text)
+@lru_cache(maxsize=2048)
+def _readings(text: str, min_run: int) -> tuple[str, ...]:
+    """``text`` as recorded and as it reads once decoded: HTML entities, percent-encoding, and base64
+    runs of at least ``min_run`` characters (shorter ones cannot hold a needle). Cached: the
+    service judges the same recorded arguments again on every batch that touches the trace."""
+    out = [_plain(text)]
     if "&" in text:
-        yield _plain(html.unescape(text))
+        out.append(_plain(html.unescape(text)))
     if "%" in text or "+" in text:
-        yield _plain(unquote_plus(text))
+        out.append(_plain(unquote_plus(text)))
     for run in _BASE64_RUN.findall(text):
         body = run.rstrip("=")
+        if len(body) < min_run:
+            continue
         padded = body + "=" * (-len(body) % 4)
         for decode in (base64.b64decode, base64.urlsafe_b64decode):
             try:
-                yield _plain(decode(padded).decode("utf-8", "ignore"))
+                out.append(_plain(decode(padded).decode("utf-8", "ignore")))
             except (binascii.Error, ValueError):
                 continue
+    return tuple(out)
 
 
 def _carries(canary: str, raw: str) -> bool:
@@ -201,12 +207,15 @@ def _carries(canary: str, raw: str) -> bool:
     HTML entities, percent-encoding or base64, or its random part without its prefix. The random
     part (80 bits for the poisoning service's canaries) is what makes a match proof; a canary cut
     short, split or reversed is not matched."""
-    needles = _needles(canary)
     texts = [raw]
     doc = _parse_arguments(raw)
     if doc is not _UNREADABLE and doc is not _NOT_JSON:
         texts.extend(_strings(doc))
-    return any(n in reading for text in texts for reading in _readings(text) for n in needles)
+    if any(canary in text for text in texts):  # as it was: the common TRUE, no decoding
+        return True
+    needles = _needles(canary)
+    min_run = -(-4 * min(len(n) for n in needles) // 3)  # base64 of a text holding the shortest needle
+    return any(n in reading for text in texts for reading in _readings(text, min_run) for n in needles)
 
 
 class _Sentinel:
