@@ -312,6 +312,12 @@ class Checkpoint:
                     # A replay after a crash between registering and deciding: nothing else may
                     # ever re-trigger it (its spans can be committed already), so decide it now.
                     work.add(exp.tenant, [exp.expectation_id], "expectation")
+                elif known.get(exp.expectation_id) == exp and await self.store.unindexed(exp):
+                    # A replay after a crash between storing it and indexing it: index it now (else
+                    # it would never be decided, nor given its deadline).
+                    await self.store.index_expectation(exp)
+                    self.engine.remember(exp)
+                    work.add(exp.tenant, [exp.expectation_id], "expectation")
             elif kind == "completion":
                 m = msg.completion
                 check_marker(m)
@@ -344,6 +350,7 @@ class Checkpoint:
                 tenant = c.tenant or default_tenant
                 exps = await self.store.load_expectations(tenant, [c.expectation_id])
                 if c.expectation_id in exps:
+                    await self.store.mark_cancelled(exps[c.expectation_id])
                     await self.store.forget(exps[c.expectation_id])
                     self.engine.forget(tenant, c.expectation_id)
                     work.pending.pop((tenant, c.expectation_id), None)

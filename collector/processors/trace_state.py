@@ -102,6 +102,9 @@ class Keys:
     def decision(self, tenant: str, expectation_id: str) -> str:
         return f"{self.p}:{{{tenant}:e:{expectation_id}}}:dec"
 
+    def cancelled(self, tenant: str, expectation_id: str) -> str:
+        return f"{self.p}:{{{tenant}:e:{expectation_id}}}:x"
+
     def watermarks(self, topic: str) -> str:
         return f"{self.p}:wm:{topic}"
 
@@ -387,6 +390,27 @@ class TraceStateStore:
         )
         if not created:
             return False
+        await self.index_expectation(exp)
+        return True
+
+    async def unindexed(self, exp: RegisteredExpectation) -> bool:
+        """Stored but never indexed: the process died between storing the definition and indexing
+        it (no deadline entry, no decision, not cancelled). Its replay must index it."""
+        cmds = Commands()
+        cmds.add("ZSCORE", self.k.deadlines, member(exp.tenant, exp.expectation_id))
+        cmds.add("EXISTS", self.k.decision(exp.tenant, exp.expectation_id))
+        cmds.add("EXISTS", self.k.cancelled(exp.tenant, exp.expectation_id))
+        deadline, decided, cancelled = await self._execute(cmds)
+        return deadline is None and not int(decided) and not int(cancelled)
+
+    async def mark_cancelled(self, exp: RegisteredExpectation) -> None:
+        """Remember a cancellation as long as the definition lives (a replayed registration is not
+        an unindexed one)."""
+        ttl = max(self.ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)
+        await self.redis.set(self.k.cancelled(exp.tenant, exp.expectation_id), 1, px=ttl)
+
+    async def index_expectation(self, exp: RegisteredExpectation) -> None:
+        """Index a stored expectation under its traces/session and give it its deadline (idempotent)."""
         assert self._index is not None
         cmds = Commands()
         for trace in exp.trace_ids():
@@ -412,7 +436,6 @@ class TraceStateStore:
                 touch.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "touch", 0])
             if traces:
                 await self._execute(touch)
-        return True
 
     async def forget(self, exp: RegisteredExpectation) -> None:
         """Drop a cancelled or finally decided expectation from the pending indexes."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from tests.integration.harness import (
     read_all,
     read_until,
     running_service,
+    send_spans,
     settled,
     verdict,
 )
@@ -67,3 +69,37 @@ async def test_a_retried_registration_is_taken_once_and_a_reuse_after_cancel_is_
         # the retries of "retried" produced one score and no dead letter
         scores = [r for r in await read_all(kafka_bootstrap, cfg.kafka.topics.scores) if r.key == b"retried"]
         assert len(scores) == 1
+
+
+async def test_a_registration_cut_between_storing_and_indexing_is_indexed_by_its_replay(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    # The process died (here: Redis dropped the connection) after the definition was stored and
+    # before it was indexed: the replayed record found an identical definition, no deadline, and
+    # took it as registered: the expectation was never decided, not even at its deadline.
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000) - 5_000
+    trace, root = new_trace_id(), new_span_id()
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+        real_index = service.store.index_expectation
+        cut: list[int] = []
+
+        async def index_cut_once(exp: Any) -> None:
+            if not cut:
+                cut.append(1)
+                raise RedisConnectionError("injected: connection lost after the definition was stored")
+            await real_index(exp)
+
+        service.store.index_expectation = index_cut_once  # type: ignore[method-assign]
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("search"), deadline=timedelta(seconds=60))
+        await send_spans(
+            producer,
+            cfg,
+            trace,
+            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+            otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
+        )
+        ev = await tw.wait_for(ident, timeout=30)
+    assert cut and verdict(ev) == "true", ev.rationale
