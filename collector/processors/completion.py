@@ -3,7 +3,8 @@
 A partition's watermark is its max event time (span end) minus the allowed
 out-of-orderness. Partitions that are idle *and* caught up are excluded; a
 partition with a backlog holds the global watermark back, so a consumer catching
-up never "times out" a trace whose spans are still in the backlog.
+up never "times out" a trace whose spans are still in the backlog. So does a
+partition whose owner has gone silent (killed before the group rebalanced).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ return 0
 
 #: how often the shared watermarks are written and read at most (seconds).
 REFRESH_S = 0.05
+#: an owner that has not published its partitions' watermarks for this long (an idle poll loop
+#: publishes every poll, 100 ms by default) may be gone (killed, its partitions not yet taken
+#: over): what it last said -- "caught up" -- is not known to hold any more.
+OWNER_SILENT_MS = 3_000
 
 
 class WatermarkTracker:
@@ -94,7 +99,9 @@ class WatermarkTracker:
                 floor = max(floor, int(v))
                 continue
             wm, last, caught, published = json.loads(v)
-            if caught and now - int(last) >= self.cfg.idle_partition_ms:
+            # idle and caught up, as its owner says -- while the owner is heard from: a dead
+            # member's partitions fill up unread until the rebalance, and must hold the minimum
+            if caught and now - int(last) >= self.cfg.idle_partition_ms and now - int(published) < OWNER_SILENT_MS:
                 idle.append(int(wm))
                 checked.append(int(published))
             else:

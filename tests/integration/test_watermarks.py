@@ -72,3 +72,22 @@ async def test_a_quiet_caught_up_pipeline_follows_the_time_it_was_seen_caught_up
     t._published_at = 0.0
     await t.publish({0: True, 1: False}, NOW + 1)
     assert await tracker(redis_client, key, set()).global_watermark(NOW + 1) == NOW - 1000  # never backwards
+
+
+async def test_a_silent_owners_caught_up_partitions_hold_the_watermark(
+    redis_client: Redis, redis_key_prefix: str
+) -> None:
+    # Two members; one is killed while its partition was idle and caught up. Until the group
+    # takes its partition over, spans land there unread: what it last published ("caught up")
+    # must not let the survivor's event time complete traces whose spans wait in that backlog.
+    key = f"{redis_key_prefix}wm-silent"
+    alive, dead = tracker(redis_client, key, {0}), tracker(redis_client, key, {1})
+    dead.observe(1, NOW - 60_000, NOW - 40_000)
+    await dead.publish({1: True}, NOW - 20_000)  # its last word, 20 s ago
+    alive.observe(0, NOW - 100, NOW)
+    await alive.publish({0: False}, NOW)
+    assert await tracker(redis_client, key, set()).global_watermark(NOW) == NOW - 60_000 - 1000
+    # the same entry from an owner heard from just now is idle and caught up: excluded
+    dead._published_at = 0.0  # past the publish rate limit
+    await dead.publish({1: True}, NOW)
+    assert await tracker(redis_client, key, set()).global_watermark(NOW) == NOW - 100 - 1000
