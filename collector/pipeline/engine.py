@@ -50,6 +50,13 @@ class Published:
 #: verdicts a late span can revise (decided on a completion claim); UNDETERMINED is final
 _DECIDED = frozenset({Verdict.TRUE.value, Verdict.FALSE.value})
 
+def _watches(verdict: str, version: int) -> bool:
+    """Whether a stored decision keeps watching its traces when settled without its outcome at
+    hand (a lost compare-and-set, a re-send): TRUE/FALSE and revised UNDETERMINED do (a re-judge
+    with nothing new changes nothing); an UNDETERMINED from the deadline (version 1) is final."""
+    return verdict in _DECIDED or version > 1
+
+
 class Engine:
     name = "pipeline/engine"
 
@@ -204,6 +211,10 @@ class Engine:
         decided: list[RegisteredExpectation] = []
         finished: list[RegisteredExpectation] = []
         for o, d in zip(outcomes, decisions, strict=True):
+            if not d.won and not d.published and d.version == o.version:
+                # Decided here or elsewhere and never settled (the process died after the
+                # compare-and-set): settle it now, as it is re-sent (idempotent if it was).
+                (decided if _watches(d.verdict, d.version) else finished).append(o.expectation)
             if d.won:
                 DECISIONS.labels(self.name, o.verdict.value, o.trigger).inc()
                 TIME_TO_VERDICT.labels(self.name, o.verdict.value).observe(
@@ -253,10 +264,17 @@ class Engine:
         return sent
 
     async def republish(self, tenant: str, expectation_id: str) -> Published | None:
-        """Sweeper: re-send a decided-but-unpublished decision exactly as stored."""
+        """Sweeper: re-send a decided-but-unpublished decision exactly as stored, and settle it
+        (idempotent): one whose process died between its compare-and-set and its settle was
+        never indexed as decided, so a late span would not revise it."""
         d = await self.store.get_decision(tenant, expectation_id)
         if d is None or d.published:
             return None
+        exp = (await self._expectations([(tenant, expectation_id)])).get((tenant, expectation_id))
+        if exp is not None:
+            watch = _watches(d.verdict, d.version)
+            now_ms = int(datetime.now(UTC).timestamp() * 1000)
+            self.contradicted.update(await self.store.settle([exp] if watch else [], [] if watch else [exp], now_ms))
         await self.exporter.send_observation(decode_observation(d.observation).observation_id, d.observation)
         await self.exporter.send_score(expectation_id, d.event)
         RESENT.labels(self.name).inc()

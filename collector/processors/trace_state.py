@@ -14,6 +14,7 @@ not yet published). A batch's updates are EVALSHA calls sent in a few round trip
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -511,13 +512,20 @@ class TraceStateStore:
         if not items:
             return []
         cmds = Commands()
+        # Noted as unpublished BEFORE the compare-and-set: a decision made here and never settled
+        # (the process died in between) is still found and re-sent -- and settled -- by a sweeper.
+        zadd: list[Arg] = ["ZADD", self.k.unpublished]
+        now = int(time.time() * 1000)
+        for it in items:
+            zadd += (now, member(it.tenant, it.expectation_id))
+        cmds.add(*zadd)
         for it in items:
             cmds.evalsha(
                 self._decide,
                 [self.k.decision(it.tenant, it.expectation_id)],
                 [it.version, it.score_id, it.event, it.observation, it.verdict, self.ttl_ms],
             )
-        raw = await self._execute(cmds)
+        raw = (await self._execute(cmds))[1:]
         out = [
             Decision(bool(r[0]), int(r[1]), it.score_id, it.event, it.observation, int(r[2] or 0) == 1, it.verdict)
             for it, r in zip(items, raw, strict=True)
@@ -543,7 +551,9 @@ class TraceStateStore:
         reclaim: Iterable[tuple[str, str]] = (),
         seen: Mapping[tuple[str, str], int] | None = None,
     ) -> list[tuple[str, str]]:
-        """After winning compare-and-sets: note them unpublished (for the sweeper) and update the indexes.
+        """After winning compare-and-sets (or finding one never settled): update the indexes.
+        (``decide_many`` noted them unpublished already: the sweeper re-sends what is not marked
+        published.) ``now_ms`` is kept for callers; the indexes need no time.
         Returns the ``decided`` (tenant, id) whose trace turned late before this, or whose session
         has more traces now than ``seen`` (how many its evaluation read): to re-judge.
 
@@ -567,10 +577,6 @@ class TraceStateStore:
                     sessions.append((exp.tenant, exp.scope.session_id, exp.expectation_id, op == "done"))
         ms = self.cfg.redis.completed_ttl_seconds * 1000
         cmds = Commands()
-        zadd: list[Arg] = ["ZADD", self.k.unpublished]
-        for m in members:
-            zadd += (now_ms, m)
-        cmds.add(*zadd)
         indexed = list(by_trace.items())
         for (op, tenant, trace), ids in indexed:
             cmds.evalsha(
@@ -597,7 +603,7 @@ class TraceStateStore:
         cmds.add("ZREM", self.k.deadlines, *members)
         replies = await self._execute(cmds)
         late: list[tuple[str, str]] = []
-        for ((op, tenant, _trace), ids), reply in zip(indexed, replies[1 : 1 + len(indexed)], strict=True):
+        for ((op, tenant, _trace), ids), reply in zip(indexed, replies[: len(indexed)], strict=True):
             if op == "done" and reply == 2:
                 late += [(tenant, i) for i in ids]
         # a trace joined the session while it was being decided: the decision may have missed it

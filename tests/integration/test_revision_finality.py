@@ -291,3 +291,37 @@ async def test_a_span_applied_while_the_sweeper_decides_still_revises(kafka_boot
         gate.set()
         await until(lambda: len(tw.events("swept")) == 2)
         assert history(tw.events("swept")) == [(1, "false"), (2, "undetermined")]
+
+
+async def test_a_first_decision_whose_settle_failed_still_watches_its_trace(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    # "delete_db never ran" TRUE on complete coverage, but the settle after the compare-and-set
+    # failed (a crash there, or Redis): the replay lost the compare-and-set and re-sent the stored
+    # TRUE without settling it, so the expectation never watched its trace and a late span did not
+    # revise it (with the span first, the TRUE was held back until the deadline).
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
+    t0 = int(time.time() * 1000) - 5_000
+    trace, root = new_trace_id(), new_span_id()
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+        real_settle = service.store.settle
+        failed: list[int] = []
+
+        async def settle_fails_once(
+            decided: Any, finished: Any, now_ms: int, reclaim: Any = (), seen: Any = None
+        ) -> list[tuple[str, str]]:
+            if not failed and decided:
+                failed.append(1)  # right after the first compare-and-set won
+                raise RedisConnectionError("injected: connection lost after the decision")
+            return await real_settle(decided, finished, now_ms, reclaim, seen)
+
+        service.store.settle = settle_fails_once  # type: ignore[method-assign]
+        ident = await tw.expect(
+            TraceScorable(trace_ids=(trace,)), expects("delete_db"), scorer="not_tools", deadline=timedelta(seconds=120)
+        )
+        await send_spans(producer, cfg, trace, *agent_ran(trace, root, t0, "search"))
+        await tw.mark_complete(trace, span_count=2)
+        assert verdict(await tw.wait_for(ident, timeout=30)) == "true"
+        await send_spans(producer, cfg, trace, chat(trace, root, t0 + 5))  # breaks the count of 2
+        await until(lambda: len(tw.events(ident)) == 2)
+    assert failed and history(tw.events(ident)) == [(1, "true"), (2, "undetermined")]
