@@ -210,11 +210,14 @@ class Engine:
         decisions = await self.store.decide_many(requests)
         decided: list[RegisteredExpectation] = []
         finished: list[RegisteredExpectation] = []
+        seen = {(o.expectation.tenant, o.expectation.expectation_id): o.traces_seen for o in outcomes}
         for o, d in zip(outcomes, decisions, strict=True):
             if not d.won and not d.published and d.version == o.version:
                 # Decided here or elsewhere and never settled (the process died after the
-                # compare-and-set): settle it now, as it is re-sent (idempotent if it was).
+                # compare-and-set): settle it now, as it is re-sent (idempotent if it was). What
+                # it was judged on is not known here: a session's is re-judged (seen 0).
                 (decided if _watches(d.verdict, d.version) else finished).append(o.expectation)
+                seen[(o.expectation.tenant, o.expectation.expectation_id)] = 0
             if d.won:
                 DECISIONS.labels(self.name, o.verdict.value, o.trigger).inc()
                 TIME_TO_VERDICT.labels(self.name, o.verdict.value).observe(
@@ -237,7 +240,6 @@ class Engine:
         }
         # A span that broke the completion claim after this evaluation (applied by a batch while
         # the sweeper decided, or by another instance): re-judged as a revision.
-        seen = {(o.expectation.tenant, o.expectation.expectation_id): o.traces_seen for o in outcomes}
         self.contradicted.update(await self.store.settle(decided, finished, now_ms, reclaim, seen))
         # Lost to a decision this evaluation contradicts (new evidence arrived between that decision
         # and its settle, so the trace's decided set did not know it yet): revise it. A FALSE, or a

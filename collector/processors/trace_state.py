@@ -106,6 +106,9 @@ class Keys:
     def cancelled(self, tenant: str, expectation_id: str) -> str:
         return f"{self.p}:{{{tenant}:e:{expectation_id}}}:x"
 
+    def indexed(self, tenant: str, expectation_id: str) -> str:
+        return f"{self.p}:{{{tenant}:e:{expectation_id}}}:i"
+
     def watermarks(self, topic: str) -> str:
         return f"{self.p}:wm:{topic}"
 
@@ -396,13 +399,16 @@ class TraceStateStore:
 
     async def unindexed(self, exp: RegisteredExpectation) -> bool:
         """Stored but never indexed: the process died between storing the definition and indexing
-        it (no deadline entry, no decision, not cancelled). Its replay must index it."""
+        it. Indexing leaves a marker that lives as long as the definition (a decision may expire
+        before it: that is no reason to judge it again). One registered before the marker existed
+        counts as indexed when it has a deadline entry, a decision or a cancellation."""
         cmds = Commands()
+        cmds.add("EXISTS", self.k.indexed(exp.tenant, exp.expectation_id))
         cmds.add("ZSCORE", self.k.deadlines, member(exp.tenant, exp.expectation_id))
         cmds.add("EXISTS", self.k.decision(exp.tenant, exp.expectation_id))
         cmds.add("EXISTS", self.k.cancelled(exp.tenant, exp.expectation_id))
-        deadline, decided, cancelled = await self._execute(cmds)
-        return deadline is None and not int(decided) and not int(cancelled)
+        indexed, deadline, decided, cancelled = await self._execute(cmds)
+        return not int(indexed) and deadline is None and not int(decided) and not int(cancelled)
 
     async def mark_cancelled(self, exp: RegisteredExpectation) -> None:
         """Remember a cancellation as long as the definition lives (a replayed registration is not
@@ -429,9 +435,11 @@ class TraceStateStore:
             cmds.add("PEXPIRE", self.k.session_traces(exp.tenant, session), self.ttl_ms, "GT")
             cmds.add("SMEMBERS", self.k.session_traces(exp.tenant, session))
         cmds.add("ZADD", self.k.deadlines, exp.deadline_ms, member(exp.tenant, exp.expectation_id))
+        ttl = max(self.ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)  # the definition's life
+        cmds.add("SET", self.k.indexed(exp.tenant, exp.expectation_id), 1, "PX", ttl)
         replies = await self._execute(cmds)
         if session is not None:
-            traces = sorted(_s(t) for t in replies[-2])
+            traces = sorted(_s(t) for t in replies[-3])
             touch = Commands()
             for trace in traces:
                 touch.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "touch", 0])

@@ -176,3 +176,39 @@ async def test_copies_of_a_span_differing_only_past_the_argument_cut_conflict(
         await tw.mark_complete(trace, span_count=2)
         ev = await tw.wait_for(ident, timeout=30)
     assert verdict(ev) == expected, (ev.rationale, list(ev.coverage.reasons))
+
+
+@pytest.mark.parametrize("order", ["flagged-first", "cut-first"])
+async def test_a_copy_the_agent_flagged_cut_and_one_the_service_cut_differ(
+    kafka_bootstrap: str, redis_url: str, order: str
+) -> None:
+    # The agent may flag its own arguments cut (no digest: the service cut nothing); the other
+    # copy, longer, is cut by the service (with a digest). Same 1 KiB kept, other arguments: a
+    # conflict, not a replay (the digest was compared only when both records had one).
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
+    trace, root, tool_id = new_trace_id(), new_span_id(), new_span_id()
+    t0 = int(time.time() * 1000) - 5_000
+    full = json.dumps({"pad": "x" * 2000, "path": "/etc/b"})
+    kept = full.encode()[:1024].decode()
+
+    def copy(args: str, flagged: bool) -> Any:
+        attrs: dict[str, Any] = {"gen_ai.tool.call.arguments": args}
+        if flagged:
+            attrs["toolwitness.tool.call.arguments.truncated"] = True
+        return otlp_span(
+            trace, span_id=tool_id, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2, attrs=attrs
+        )
+
+    first, second = (copy(kept, True), copy(full, False))
+    if order == "cut-first":
+        first, second = second, first
+    agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
+    async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete"), deadline=timedelta(seconds=5))
+        for spans in ([agent, first], [second]):
+            await producer.send_and_wait(
+                cfg.kafka.topics.spans, otlp_request(spans).SerializeToString(), key=trace.encode()
+            )
+        await tw.mark_complete(trace, span_count=2)
+        ev = await tw.wait_for(ident, timeout=30)
+    assert verdict(ev) == "undetermined", (ev.rationale, list(ev.coverage.reasons))

@@ -114,3 +114,25 @@ async def test_a_trace_joining_a_session_decided_on_its_completeness_breaks_it_w
     _, broken = await store.index_sessions([("default", "sess-2", "b" * 32)], watermark_ms=0)  # old watermark
     assert broken == [("default", "sess-2")]
     assert await store.revise_sessions(broken) == {("default", "sess-2"): ["s-e3"]}
+
+
+async def test_an_indexed_expectation_whose_decision_expired_is_not_taken_for_unindexed(
+    store: TraceStateStore,
+) -> None:
+    # The decision hash lives state_ttl after the decision; the definition may live longer. A
+    # replayed registration then found "no deadline, no decision" and judged it again: a second,
+    # different version 1 under the same score id.
+    from collector.wire.convert import RegisteredExpectation
+    from scoring.models import TraceScorable
+    from tests.integration.harness import expects
+
+    scope = TraceScorable(trace_ids=("a" * 32,))
+    exp = RegisteredExpectation("e-exp", "default", scope, "tools", expects("s"), 10**6, 0)
+    assert await store.register(exp)
+    assert not await store.unindexed(exp)
+    await store.redis.zrem(store.k.deadlines, "default\x1fe-exp")  # decided and settled ...
+    await store.redis.delete(store.k.decision("default", "e-exp"))  # ... and its decision expired
+    assert not await store.unindexed(exp)
+    stored_only = RegisteredExpectation("e-cut", "default", exp.scope, "tools", expects("s"), 10**6, 0)
+    await store.redis.set(store.k.expectation("default", "e-cut"), stored_only.to_json())  # cut before indexing
+    assert await store.unindexed(stored_only)

@@ -35,22 +35,19 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.parametrize("canary", [None, "tw-canary-0123456789abcdef0123"])
 async def test_a_span_stored_by_the_previous_version_and_delivered_again_is_a_replay(
-    kafka_bootstrap: str, redis_url: str
+    kafka_bootstrap: str, redis_url: str, canary: str | None
 ) -> None:
+    # the previous version kept no delivered canary: a poisoned span's replay is no conflict either
     cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
     trace, root, tool = new_trace_id(), new_span_id(), new_span_id()
     t0 = int(time.time() * 1000) - 5_000
     start_ns, end_ns = (t0 + 1) * 1_000_000, (t0 + 1) * 1_000_000 + 1_123_456
-    search = otlp_span(
-        trace,
-        span_id=tool,
-        parent=root,
-        tool="search",
-        start_ms=0,
-        end_ms=0,
-        attrs={"gen_ai.tool.call.arguments": '{"q": "x"}'},
-    )
+    attrs = {"gen_ai.tool.call.arguments": '{"q": "x"}'}
+    if canary:
+        attrs["toolwitness.poisoning.canary"] = canary
+    search = otlp_span(trace, span_id=tool, parent=root, tool="search", start_ms=0, end_ms=0, attrs=attrs)
     search.start_time_unix_nano, search.end_time_unix_nano = start_ns, end_ns
     agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
     # what the previous version stored for these two spans (duration 1123 us)

@@ -28,7 +28,9 @@ local new_sessions = {}
 local was_complete = complete_by_claims(st, wm, lateness, inferred)
 -- Whether two packed executions are one record (a replay). A record stored by an earlier version
 -- of the service has its duration in whole microseconds (a number; -1 = not ended or ended
--- before it started), no trailing canary and no argument digest: compared on what both hold.
+-- before it started) and keeps no delivered canary nor argument digest: against such a record
+-- only what both versions keep is compared. Two current records are compared on everything
+-- (a trailing element left off is its default: call id '', convention 0, no canary, no digest).
 local function micros(d)
   if type(d) == 'number' then return d end
   if d == '' then return -1 end
@@ -36,27 +38,28 @@ local function micros(d)
   if ns < 0 then return -1 end
   return math.floor(ns / 1000)
 end
-local trailing = {'', 0, ''}  -- call id, openinference, delivered canary (when left off)
+local trailing = {'', 0, '', ''}  -- call id, openinference, delivered canary, argument digest
 local function same_record(a, b)
+  local legacy = type(a[5]) == 'number' or type(b[5]) == 'number'
   for i = 1, 7 do
     if i == 5 then
-      if type(a[5]) == type(b[5]) then
-        if a[5] ~= b[5] then return false end
-      elseif micros(a[5]) ~= micros(b[5]) then
+      if legacy then
+        if micros(a[5]) ~= micros(b[5]) then return false end
+      elseif a[5] ~= b[5] then
         return false
       end
     elseif a[i] ~= b[i] then
       return false
     end
   end
-  for i = 8, 10 do
+  local last = legacy and 9 or 11
+  for i = 8, last do
     local u, v = a[i], b[i]
     if u == nil then u = trailing[i - 7] end
     if v == nil then v = trailing[i - 7] end
     if u ~= v then return false end
   end
-  -- the digest of arguments cut for the state: compared when both records have one
-  return a[11] == nil or b[11] == nil or a[11] == b[11]
+  return true
 end
 -- Executions by span id, built on the first repeated span id of the call (replays are common).
 local by_id = nil
