@@ -6,7 +6,6 @@ Used by the per-batch checkpoint and by the sweeper; both follow the same order
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -112,6 +111,8 @@ class Engine:
         outcomes: list[Outcome] = []
         for k, exp in exps.items():
             final = k in work.final or now_ms >= exp.deadline_ms
+            # how many traces a session decision read: a session with more by its settle is re-judged
+            seen = len(traces[k]) if isinstance(exp.scope, SessionScorable) else 0
             session_complete = session_late = False
             if isinstance(exp.scope, SessionScorable):
                 # Like a count-less trace marker: complete once the watermark passes the session
@@ -142,7 +143,15 @@ class Engine:
                         # before its settle): the lost compare-and-set re-sends the stored bytes.
                         outcomes.append(
                             self.decider.outcome(
-                                exp, obs, verdict, rationale, meta, version=prev.version, trigger="revision", now=now
+                                exp,
+                                obs,
+                                verdict,
+                                rationale,
+                                meta,
+                                version=prev.version,
+                                trigger="revision",
+                                now=now,
+                                traces_seen=seen,
                             )
                         )
                     continue
@@ -164,6 +173,7 @@ class Engine:
                         version=prev.version + 1,
                         trigger="revision",
                         now=now,
+                        traces_seen=seen,
                         revisable=verdict is Verdict.UNDETERMINED,
                     )
                 )
@@ -176,14 +186,10 @@ class Engine:
             revisable = await self.decider.needs_completion(exp, obs, verdict)
             outcomes.append(
                 self.decider.outcome(
-                    exp, obs, verdict, rationale, meta, version=1, trigger=trigger, now=now, revisable=revisable
+                    exp, obs, verdict, rationale, meta, version=1, trigger=trigger, now=now, revisable=revisable,
+                    traces_seen=seen,
                 )
             )
-        for i, o in enumerate(outcomes):
-            if isinstance(o.expectation.scope, SessionScorable):
-                # how many traces it read: a session that has more by the settle is re-judged
-                key = (o.expectation.tenant, o.expectation.expectation_id)
-                outcomes[i] = dataclasses.replace(o, traces_seen=len(traces[key]))
         return outcomes
 
     async def decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:

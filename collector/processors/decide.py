@@ -318,6 +318,7 @@ class Decider:
         trigger: str,
         now: datetime,
         revisable: bool = False,
+        traces_seen: int = 0,
     ) -> Outcome:
         sid = score_id_for(exp.tenant, exp.expectation_id, version)
         # The id is computed here, once, for the observations that get published (not by copying
@@ -343,4 +344,4 @@ class Decider:
         )
         set_timestamp(ev.decided_at, now)
         set_duration(ev.time_to_verdict, max(now - datetime.fromtimestamp(exp.created_ms / 1000, UTC), _ZERO))
-        return Outcome(exp, verdict, version, sid, ev, obs, trigger, revisable)
+        return Outcome(exp, verdict, version, sid, ev, obs, trigger, revisable, traces_seen)
