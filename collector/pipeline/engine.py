@@ -6,6 +6,7 @@ Used by the per-batch checkpoint and by the sweeper; both follow the same order
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -137,23 +138,15 @@ class Engine:
                 prev = await self.store.get_decision(exp.tenant, exp.expectation_id)
                 if prev is None:
                     continue
+                # this evaluation as a revision outcome of a given version
+                revision = functools.partial(
+                    self.decider.outcome, exp, obs, verdict, rationale, meta, trigger="revision", now=now
+                )
                 if verdict.value == prev.verdict:
                     if not prev.published and prev.version > 1:
                         # A revision decided but not sent (the process died, or Redis failed,
                         # before its settle): the lost compare-and-set re-sends the stored bytes.
-                        outcomes.append(
-                            self.decider.outcome(
-                                exp,
-                                obs,
-                                verdict,
-                                rationale,
-                                meta,
-                                version=prev.version,
-                                trigger="revision",
-                                now=now,
-                                traces_seen=seen,
-                            )
-                        )
+                        outcomes.append(revision(version=prev.version, traces_seen=seen))
                     continue
                 # A completion claim broke: what was decided on it and is not what the evidence says
                 # now is revised -- FALSE and TRUE alike ("never ran", max_count, an exact order are
@@ -164,18 +157,7 @@ class Engine:
                     continue
                 meta["revises_version"] = str(prev.version)
                 outcomes.append(
-                    self.decider.outcome(
-                        exp,
-                        obs,
-                        verdict,
-                        rationale,
-                        meta,
-                        version=prev.version + 1,
-                        trigger="revision",
-                        now=now,
-                        traces_seen=seen,
-                        revisable=verdict is Verdict.UNDETERMINED,
-                    )
+                    revision(version=prev.version + 1, revisable=verdict is Verdict.UNDETERMINED, traces_seen=seen)
                 )
                 continue
             if verdict is Verdict.UNDETERMINED and not final:
