@@ -83,31 +83,72 @@ def _hex_ids_to_base64(node: Any) -> Any:
     return node
 
 
-def parse_request(value: bytes, encoding: str) -> ExportTraceServiceRequest:
+def _json_span_ids(doc: dict[str, Any]) -> list[tuple[int, str, str, str]]:
+    """Convert the ids of every span in an OTLP/JSON document in place; a span with an id that
+    is not hex is taken out. Returns (resource index, trace id hex or "", reason, detail) per
+    span taken out, so one bad span costs that span only, not the record's other spans."""
+    bad: list[tuple[int, str, str, str]] = []
+    resources = doc.get("resourceSpans", doc.get("resource_spans"))
+    for i, rs in enumerate(resources if isinstance(resources, list) else []):
+        scopes = rs.get("scopeSpans", rs.get("scope_spans")) if isinstance(rs, dict) else None
+        for ss in scopes if isinstance(scopes, list) else []:
+            spans = ss.get("spans") if isinstance(ss, dict) else None
+            if not isinstance(spans, list):
+                continue
+            kept = []
+            for span in spans:
+                try:
+                    kept.append(_hex_ids_to_base64(span))
+                except RecordDecodeError as exc:
+                    trace = span.get("traceId", span.get("trace_id")) if isinstance(span, dict) else None
+                    ok = isinstance(trace, str) and re.fullmatch(r"[0-9a-fA-F]{32}", trace) is not None
+                    bad.append((i, trace.lower() if ok and isinstance(trace, str) else "", exc.reason, exc.detail))
+            ss["spans"] = kept
+    return bad
+
+
+def parse_json_request(value: bytes) -> tuple[ExportTraceServiceRequest, list[tuple[int, str, str, str]]]:
+    """An OTLP/JSON record, and the spans taken out for ids that are not hex (see ``_json_span_ids``)."""
     req = ExportTraceServiceRequest()
-    if encoding == "otlp_json":
-        try:
-            doc = json.loads(value)
-        except (ValueError, RecursionError) as exc:
-            raise RecordDecodeError("invalid_json", str(exc)[:200]) from None
-        if not isinstance(doc, dict) or ("resourceSpans" not in doc and "resource_spans" not in doc):
-            raise RecordDecodeError("not_otlp_json", "JSON document has no resourceSpans")
-        try:
-            json_format.ParseDict(_hex_ids_to_base64(doc), req, ignore_unknown_fields=True)
-        except (json_format.ParseError, RecursionError, TypeError, ValueError) as exc:
-            if isinstance(exc, RecordDecodeError):
-                raise
-            raise RecordDecodeError("not_otlp_json", str(exc)[:200]) from None
-    else:
-        try:
-            req.ParseFromString(value)
-        except (DecodeError, RecursionError) as exc:
-            try:  # strings that are not UTF-8 (the Collector passes them through): read as U+FFFD
-                req = parse_lenient(value)
-            except (DecodeError, RecursionError):
-                raise RecordDecodeError("undecodable_protobuf", str(exc)[:200]) from None
+    try:
+        doc = json.loads(value)
+    except (ValueError, RecursionError) as exc:
+        raise RecordDecodeError("invalid_json", str(exc)[:200]) from None
+    if not isinstance(doc, dict) or ("resourceSpans" not in doc and "resource_spans" not in doc):
+        raise RecordDecodeError("not_otlp_json", "JSON document has no resourceSpans")
+    try:
+        bad = _json_span_ids(doc)  # ids occur in spans (and their links) only
+        json_format.ParseDict(doc, req, ignore_unknown_fields=True)
+    except (json_format.ParseError, RecursionError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, RecordDecodeError):
+            raise
+        raise RecordDecodeError("not_otlp_json", str(exc)[:200]) from None
+    if not bad:
+        _require_spans(req)
+    return req, bad
+
+
+def _require_spans(req: ExportTraceServiceRequest) -> None:
     if not req.resource_spans or not any(ss.spans for rs in req.resource_spans for ss in rs.scope_spans):
         raise RecordDecodeError("no_spans", "record decoded but holds no spans")
+
+
+def parse_request(value: bytes, encoding: str) -> ExportTraceServiceRequest:
+    if encoding == "otlp_json":
+        req, bad = parse_json_request(value)
+        if bad:
+            _, _, reason, detail = bad[0]
+            raise RecordDecodeError(reason, detail)
+        return req
+    req = ExportTraceServiceRequest()
+    try:
+        req.ParseFromString(value)
+    except (DecodeError, RecursionError) as exc:
+        try:  # strings that are not UTF-8 (the Collector passes them through): read as U+FFFD
+            req = parse_lenient(value)
+        except (DecodeError, RecursionError):
+            raise RecordDecodeError("undecodable_protobuf", str(exc)[:200]) from None
+    _require_spans(req)
     return req
 
 
@@ -125,16 +166,22 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
     if len(value) > cfg.kafka.max_record_bytes:
         limit = cfg.kafka.max_record_bytes
         raise RecordDecodeError("record_too_large", f"{len(value)} bytes > max_record_bytes {limit}")
-    req = parse_request(value, cfg.kafka.encoding)
+    bad_ids: list[tuple[int, str, str, str]] = []
+    if cfg.kafka.encoding == "otlp_json":
+        req, bad_ids = parse_json_request(value)
+    else:
+        req = parse_request(value, cfg.kafka.encoding)
     out = DecodedRecord()
     max_attrs = cfg.limits.max_attributes_per_span
-    for rs in req.resource_spans:
+    for index, rs in enumerate(req.resource_spans):
         resource = otlp_attributes(rs.resource.attributes)
         tenant = record_tenant(headers, resource, cfg)
         if not TENANT_RE.fullmatch(tenant):
             # this resource's spans only: the record's other resources (other agents) are kept
             out.rejected.extend(_bad_tenant(tenant, rs))
+            out.rejected.extend(("", "", reason, detail) for i, _, reason, detail in bad_ids if i == index)
             continue
+        out.rejected.extend((tenant, trace, reason, detail) for i, trace, reason, detail in bad_ids if i == index)
         for ss in rs.scope_spans:
             for span in ss.spans:
                 trace_hex = span.trace_id.hex() if len(span.trace_id) == 16 else ""

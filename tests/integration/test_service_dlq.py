@@ -21,6 +21,7 @@ the test does not control: for it the same-batch figure is reported, not asserte
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -294,6 +295,16 @@ async def test_bad_records_with_otlp_json_encoding(kafka_bootstrap: str, redis_u
     for partition in range(4):
         add_good(plan, partition, t0 + 1000 * n, n, otlp_json)
         n += 1
+    # One record holding a good span (of a scored trace) and a span whose id is not hex: the good
+    # span is kept and scored, and the record is dead-lettered for the bad one.
+    mixed_trace, mixed_spans, _ = good_trace(t0 + 1000 * n)
+    mixed_spans.append(otlp_span(new_trace_id(), name="bad", start_ms=t0, end_ms=t0 + 1))
+    doc = json.loads(otlp_json(otlp_request(mixed_spans)))
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][-1]["spanId"] = "not-hex!"
+    plan.spans[1].append(("mixed", json.dumps(doc).encode()))
+    plan.reasons["mixed"] = "invalid_id"
+    plan.control.append(("mixed-true", expectation_bytes("mixed-true", [mixed_trace], expects("search"))))
+    plan.expected["mixed-true"] = "true"
     try:
         result = await run_plan(cfg, plan)
     finally:

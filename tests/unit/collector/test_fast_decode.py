@@ -615,3 +615,43 @@ def test_a_resource_naming_an_invalid_tenant_costs_only_its_own_spans(decode: st
     only_bad = ExportTraceServiceRequest(resource_spans=[req.resource_spans[1]]).SerializeToString()
     with pytest.raises(RecordDecodeError, match="invalid_tenant"):
         decode_span_facts(only_bad, [], cfg, 1024) if decode == "fast" else decode_span_record(only_bad, [], cfg)
+
+
+@pytest.mark.parametrize("decode", ["fast", "general"])
+def test_an_otlp_json_span_with_an_id_that_is_not_hex_costs_only_that_span(decode: str) -> None:
+    cfg = ServiceConfig.model_validate(
+        {**config().model_dump(), "kafka": {**config().kafka.model_dump(), "encoding": "otlp_json"}}
+    )
+    good, bad = "0af7651916cd43dd8448eb211c80319c", "1bf7651916cd43dd8448eb211c80319d"
+    doc = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": TENANT_ATTR, "value": {"stringValue": "acme"}}]},
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {"traceId": good, "spanId": "00f067aa0ba902b7", "name": "a", "startTimeUnixNano": "1"},
+                            {"traceId": bad, "spanId": "not hex", "name": "b", "startTimeUnixNano": "1"},
+                            {"traceId": bad, "spanId": "00f067aa0ba902b8", "name": "c", "startTimeUnixNano": "1",
+                             "links": [{"traceId": "zz", "spanId": "00f067aa0ba902b9"}]},
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+    value = json.dumps(doc).encode()
+    if decode == "fast":
+        out = decode_span_facts(value, [], cfg, 1024)
+        kept = [(t, trace) for t, trace, _, _ in out.facts]
+        rejected = out.rejected
+    else:
+        general = decode_span_record(value, [], cfg)
+        kept = [(t, span.trace_id) for t, span in general.spans]
+        rejected = general.rejected
+    assert kept == [("acme", good)]
+    assert [(t, trace, reason) for t, trace, reason, _ in rejected] == [("acme", bad, "invalid_id")] * 2
+    assert "spanId is not hex: 'not hex'" in rejected[0][3]
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"] = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1:]
+    with pytest.raises(RecordDecodeError, match="invalid_id"):
+        decode_span_record(json.dumps(doc).encode(), [], cfg)
