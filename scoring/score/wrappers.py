@@ -313,7 +313,24 @@ class _ConversationMixin:
     ) -> list[Score]:
         content = self._render(scorable, context)
         if content is None:
-            return []
+            if not isinstance(scorable, MessageScorable):
+                return []  # not a message: not applicable, as for any text scorer
+            # A message whose conversation cannot be read here (a replay: the saved observation
+            # keeps the scored response, not the conversation): unknown, never left out of a
+            # composite, which would then decide without this criterion.
+            why = (
+                "the saved observation does not keep the conversation's text"
+                if context.replay is not None
+                else "the conversation's messages are not in memory"
+            )
+            return [
+                owner._make_score(
+                    scorable=scorable,
+                    expectation=expectation,
+                    value=None,
+                    rationale=f"over the whole conversation: undetermined, {why}",
+                )
+            ]
         inner = _single(self._scorer, await self._scorer._score_async(content, expectation, context))
         if inner is None:
             return []

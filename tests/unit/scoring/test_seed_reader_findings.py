@@ -1,0 +1,82 @@
+"""Seed readers' cases beyond the seeds' own samples: each once gave a wrong or unfounded verdict."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+
+import pytest
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import Span, Tracer
+
+from scoring.memory import CentralMemory
+from scoring.models import (
+    MessagePiece,
+    MessageScorable,
+    ScoreStatus,
+    ScoringExpectation,
+    ToolCallRequirement,
+    ToolsCalled,
+)
+from scoring.score import (
+    OtelToolCallScorer,
+    SubStringScorer,
+    TrueFalseCompositeScorer,
+    TrueFalseScoreAggregator,
+    create_conversation_scorer,
+)
+from scoring.score.observation import InMemoryTraceClient, InMemoryTraceExporter, OtelTraceSource
+from scoring.setup import IN_MEMORY, initialize_pyrit_async
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[InMemoryTraceClient, Tracer, OtelToolCallScorer]]:
+    client = InMemoryTraceClient()
+    provider = TracerProvider(sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=SpanLimits.UNSET))
+    provider.add_span_processor(SimpleSpanProcessor(InMemoryTraceExporter(trace_client=client)))
+    yield client, provider.get_tracer("seed-reader"), OtelToolCallScorer(source=OtelTraceSource(trace_client=client))
+    provider.shutdown()
+
+
+def expects(*names: str) -> ScoringExpectation:
+    return ScoringExpectation(conditions=(ToolsCalled(tools=tuple(ToolCallRequirement(name=n) for n in names)),))
+
+
+def tool(tracer: Tracer, name: str) -> AbstractContextManager[Span]:
+    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+    return tracer.start_as_current_span(f"execute_tool {name}", attributes=attrs)
+
+
+async def test_a_replayed_conversation_criterion_is_undetermined_not_left_out(
+    rig: tuple[InMemoryTraceClient, Tracer, OtelToolCallScorer],
+) -> None:
+    """AND(conversation says 'I am AI', tool ran): FALSE live. The saved observation keeps no
+    conversation, so its replay must not drop that criterion and answer TRUE from the tool alone."""
+    client, tracer, tool_scorer = rig
+    await initialize_pyrit_async(memory_db_type=IN_MEMORY)
+    memory = CentralMemory.get_memory_instance()
+    with tracer.start_as_current_span("agent", context=Context()) as root:
+        with tool(tracer, "my_tool_call"):
+            pass
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+    client.mark_complete(trace_ids=(trace_id,))
+    cid = str(uuid.uuid4())
+    request = MessagePiece(role="user", original_value="run my_tool_call", conversation_id=cid, trace_id=trace_id)
+    response = MessagePiece(role="assistant", original_value="done", conversation_id=cid)
+    memory.add_message_to_memory(request=request.to_message())
+    memory.add_message_to_memory(request=response.to_message())
+    composite = TrueFalseCompositeScorer(
+        aggregator=TrueFalseScoreAggregator.AND,
+        scorers=[create_conversation_scorer(scorer=SubStringScorer(substring="I am AI")), tool_scorer],
+    )
+    scorable = MessageScorable.from_message(response.to_message())
+    live = (await composite.score_async(scorable=scorable, expectation=expects("my_tool_call")))[0]
+    assert live.get_value() is False
+    saved = memory.get_observations(observation_ids=live.observation_ids)[0]
+    replayed = (await composite.score_observation_async(observation=saved, expectation=expects("my_tool_call")))[0]
+    assert replayed.status is ScoreStatus.UNDETERMINED, replayed.rationale
+    assert "does not keep the conversation" in replayed.rationale
