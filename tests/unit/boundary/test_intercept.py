@@ -363,6 +363,75 @@ async def test_invalid_calls_and_unserializable_results_fail_open(
     assert await intercept_tool(tool_name="t", tool_arguments="{}", result=nan, session_id="s", tracer=tracer) is nan
 
 
+@pytest.mark.parametrize(
+    ("session_id", "arguments", "recorded"),
+    [
+        (None, '{"path": "/"}', '{"path": "/"}'),
+        ("", '{"path": "/"}', '{"path": "/"}'),
+        ("s", {"path": "/"}, '{"path": "/"}'),
+        ("s", {"when": object()}, None),  # not JSON: recorded as text, flagged as not exact
+    ],
+)
+async def test_a_call_that_cannot_be_offered_still_records_the_tool_that_ran(
+    session_id: Any, arguments: Any, recorded: str | None, memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tool has run: a missing session or arguments that are not a JSON string cost the
+    poisoning exchange only, never the span (without it the tool would read as never run)."""
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    monkeypatch.setenv("TOOLWITNESS_POISONING_ENDPOINT", "127.0.0.1:1")
+    asked: list[object] = []
+
+    async def ask(*args: object, **kwargs: object) -> Any:
+        asked.append(args)
+        raise AssertionError("not offered")
+
+    monkeypatch.setattr(intercept_mod, "_ask_service", ask)
+    returned = await intercept_tool(tool_name="delete_files", tool_arguments=arguments, result="ok",
+                                    session_id=session_id, tracer=provider.get_tracer("agent"))
+    assert returned == "ok" and asked == []
+    (span,) = exporter.get_finished_spans()
+    facts = normalize_span(from_readable_span(span))
+    assert facts.execution is not None and facts.execution.name == "delete_files"
+    a = dict(span.attributes or {})
+    assert a["toolwitness.tool.intercept.skipped"] == "invalid_call"
+    assert a.get("gen_ai.conversation.id") == (session_id or None)
+    if recorded is not None:
+        assert a["gen_ai.tool.call.arguments"] == recorded
+        if isinstance(arguments, str):
+            assert facts.execution.arguments_state is CaptureState.CAPTURED
+    else:
+        assert facts.execution.arguments_state is not CaptureState.CAPTURED
+
+
+async def test_an_unnamed_call_is_recorded_as_some_tool_ran(memory_tracer: Tracing,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    await intercept_tool(tool_name="", tool_arguments="{}", result="r", session_id="s",
+                         tracer=provider.get_tracer("agent"))
+    (span,) = exporter.get_finished_spans()
+    facts = normalize_span(from_readable_span(span))
+    assert facts.execution is None and "unnamed_tool_execution" in facts.reasons
+
+
+async def test_inside_a_frameworks_tool_span_the_call_keeps_the_frameworks_call_id(
+    memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OpenInference TOOL span (the framework's record of the model's call) around the tool
+    function that calls intercept_tool without a call_id: one call, so one call id."""
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    tracer = provider.get_tracer("agent")
+    framework = {"openinference.span.kind": "TOOL", "tool.name": "get_tickets", "tool_call.id": "call_abc"}
+    with tracer.start_as_current_span("get_tickets", attributes=framework):
+        await intercept_tool(tool_name="get_tickets", tool_arguments="{}", result=[], session_id="s", tracer=tracer)
+        await intercept_tool(tool_name="other_tool", tool_arguments="{}", result=[], session_id="s", tracer=tracer)
+    by_name = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
+    assert by_name["execute_tool get_tickets"]["gen_ai.tool.call.id"] == "call_abc"
+    assert by_name["execute_tool other_tool"]["gen_ai.tool.call.id"] != "call_abc"  # another tool: its own call
+
+
 async def test_the_seed_sdks_base_url_and_api_key_reach_the_service(memory_tracer: Tracing,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # The seed's signature: intercept_tool(tool_name=, tool_arguments=, result=, session_id=, api_key=, base_url=).

@@ -152,3 +152,20 @@ async def test_a_result_json_cannot_carry_back_unchanged_is_not_offered_for_pois
     a = dict(span.attributes or {})
     assert a["toolwitness.tool.intercept.skipped"] == "result_not_plain_json"
     assert "toolwitness.tool.intercept.error" not in a
+
+
+async def test_a_session_that_cannot_be_read_costs_the_exchange_not_the_span(
+    memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+
+    def no_session() -> str:
+        raise LookupError("no session in this context")
+
+    middleware = make_tool_middleware(dispatch, session_id=no_session, tracer=provider.get_tracer("agent"))
+    assert await middleware("clock", {"tz": "UTC"}) == "12:00"
+    (span,) = exporter.get_finished_spans()
+    facts = normalize_span(from_readable_span(span))
+    assert facts.execution is not None and facts.execution.name == "clock"
+    assert (span.attributes or {})["toolwitness.tool.intercept.skipped"] == "invalid_call"
