@@ -33,11 +33,12 @@ from pydantic import JsonValue
 from collector.client import ToolwitnessClient
 from collector.wire.gen import score_pb2
 from scoring.models.conditions import ScoringExpectation
+from scoring.models.evidence import NO_TRACE_LINKED
 from scoring.models.scorables import MessageScorable, Scorable, SessionScorable, TraceScorable
 from scoring.models.score import MetadataValue, Score
 from scoring.models.status import Verdict
 from scoring.score.base import ScoringContext, TrueFalseScorer
-from scoring.score.trace_scorer import resolve_message_text, resolve_message_traces
+from scoring.score.trace_scorer import resolve_message_text, resolve_message_traces, untraced_requests
 from scoring.verdict.conditions import Evidence, judge_all
 
 __all__ = ["StreamingToolScorer", "verdict_of_event"]
@@ -112,8 +113,10 @@ class StreamingToolScorer(TrueFalseScorer):
         if context.replay is not None:
             return self._replay(scorable, expectation, context)
         scope: TraceScorable | SessionScorable | MessageScorable
+        untraced = 0
         if isinstance(scorable, MessageScorable):
             trace_ids = resolve_message_traces(context.memory, scorable)
+            untraced = untraced_requests(context.memory, scorable) if trace_ids else 0
             if not trace_ids:
                 return [
                     self._verdict_score(
@@ -147,6 +150,9 @@ class StreamingToolScorer(TrueFalseScorer):
         observation_ids = tuple(event.observation_ids)
         if self._save and context.memory is not None:
             await self._save_observations(context, observation_ids)
+        verdict, rationale = verdict_of_event(event), event.rationale
+        if untraced and event.coverage.complete:
+            verdict, rationale = await self._rejudge_with_gap(expectation, observation_ids, untraced, context)
         metadata: dict[str, MetadataValue] = {
             "expectation_id": eid,
             "version": event.version,
@@ -159,10 +165,29 @@ class StreamingToolScorer(TrueFalseScorer):
         }
         return [
             self._verdict_score(
-                scorable, expectation, verdict_of_event(event), event.rationale,
-                metadata=metadata, observation_ids=observation_ids,
+                scorable, expectation, verdict, rationale, metadata=metadata, observation_ids=observation_ids,
             )
         ]
+
+    async def _rejudge_with_gap(
+        self, expectation: ScoringExpectation, observation_ids: Sequence[str], untraced: int, context: ScoringContext
+    ) -> tuple[Verdict, str]:
+        """The service judged the linked traces as complete, but requests of the conversation have
+        no trace: judge its observation again as incomplete (a verdict that rests on absence is
+        not proven; one that presence proves stands). Unreadable: UNDETERMINED."""
+        gap = f"{untraced} request(s) of this conversation have no trace"
+        if len(observation_ids) == 1:
+            oid = observation_ids[0]
+            observation = context.observations.get(oid)
+            if observation is None:
+                try:
+                    observation = await self._client.get_observation(oid, timeout=self._wait_s)
+                except (TimeoutError, ValueError) as exc:
+                    log.warning("observation %s could not be read back: %r", oid, exc)
+            if observation is not None:
+                judgment = judge_all(expectation.conditions, Evidence.of(observation.with_gap(NO_TRACE_LINKED)))
+                return judgment.verdict, f"{judgment.rationale} ({gap})"
+        return Verdict.UNDETERMINED, f"{gap}, and the evidence could not be judged again without them"
 
     async def _save_observations(self, context: ScoringContext, observation_ids: Sequence[str]) -> None:
         assert context.memory is not None

@@ -257,3 +257,16 @@ class Observation(_Frozen):
     @property
     def available(self) -> bool:
         return self.acquisition is not Acquisition.UNAVAILABLE
+
+    def with_gap(self, reason: str) -> Observation:
+        """The same evidence, known to miss part of the scope for ``reason`` (coverage incomplete)."""
+        reasons = (*self.coverage.reasons, reason)
+        acquisition = Acquisition.PARTIAL if self.acquisition is Acquisition.COMPLETE else self.acquisition
+        return Observation(
+            scorable=self.scorable,
+            tool_executions=self.tool_executions,
+            coverage=Coverage.incomplete(*reasons),
+            acquisition=acquisition,
+            normalization_version=self.normalization_version,
+            captured_at=self.captured_at,
+        )

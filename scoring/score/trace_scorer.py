@@ -9,7 +9,7 @@ from pydantic import JsonValue
 
 from scoring.memory.central import MemoryInterface
 from scoring.models.conditions import ScoringExpectation
-from scoring.models.evidence import Observation
+from scoring.models.evidence import NO_TRACE_LINKED, Observation
 from scoring.models.scorables import ContentScorable, MessageScorable, Scorable
 from scoring.models.score import Score
 from scoring.score.base import ScoringContext, TrueFalseScorer
@@ -33,6 +33,29 @@ def resolve_message_traces(memory: MemoryInterface | None, scorable: MessageScor
         if piece.trace_id and piece.trace_id not in ids:
             ids.append(piece.trace_id)
     return tuple(ids)
+
+
+def untraced_requests(memory: MemoryInterface | None, scorable: MessageScorable) -> int:
+    """How many requests up to a scored response carry no trace id, when its traces are read from
+    memory: what the agent did for those is in no linked trace, so no absence is provable over the
+    conversation. A request is a run of consecutive user pieces (a message of several pieces has
+    its trace id on one of them)."""
+    if scorable.trace_ids is not None or memory is None:
+        return 0
+    target = memory.get_message_piece(scorable.message_id)
+    if target is None:
+        return 0
+    untraced, run, traced = 0, False, False
+    for piece in memory.get_message_pieces(conversation_id=target.conversation_id):
+        if piece.sequence > target.sequence:
+            break
+        if piece.role == "user":
+            run, traced = True, traced or bool(piece.trace_id)
+            continue
+        if run and not traced:
+            untraced += 1
+        run, traced = False, False
+    return untraced + (run and not traced)
 
 
 def resolve_message_text(memory: MemoryInterface | None, scorable: MessageScorable) -> str | None:
@@ -87,6 +110,8 @@ class OtelToolCallScorer(TrueFalseScorer):
             text = resolve_message_text(context.memory, scorable)
             linked = scorable.model_copy(update={"trace_ids": ids, "response_text": text})
             observation = await self._source.acquire(linked, ids)
+            if ids and untraced_requests(context.memory, scorable):
+                observation = observation.with_gap(NO_TRACE_LINKED)
         else:
             observation = await self._source.acquire(scorable)
         if context.memory is not None:

@@ -80,3 +80,39 @@ async def test_a_replayed_conversation_criterion_is_undetermined_not_left_out(
     replayed = (await composite.score_observation_async(observation=saved, expectation=expects("my_tool_call")))[0]
     assert replayed.status is ScoreStatus.UNDETERMINED, replayed.rationale
     assert "does not keep the conversation" in replayed.rationale
+
+
+async def test_a_request_without_a_trace_keeps_absence_unproven_over_its_conversation(
+    rig: tuple[InMemoryTraceClient, Tracer, OtelToolCallScorer],
+) -> None:
+    """Turn 1 traced and complete (no tool); turn 2's request untraced. Scoring turn 2's response
+    for delete_files: no linked trace holds what the agent did for it, so not FALSE."""
+    client, tracer, scorer = rig
+    await initialize_pyrit_async(memory_db_type=IN_MEMORY)
+    memory = CentralMemory.get_memory_instance()
+    with tracer.start_as_current_span("agent", context=Context()) as root:
+        with tool(tracer, "search"):
+            pass
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+    client.mark_complete(trace_ids=(trace_id,))
+    cid = str(uuid.uuid4())
+
+    def add(role: str, text: str, trace: str | None = None) -> MessagePiece:
+        piece = MessagePiece(role=role, original_value=text, conversation_id=cid, trace_id=trace)  # type: ignore[arg-type]
+        memory.add_message_to_memory(request=piece.to_message())
+        return piece
+
+    add("user", "find it", trace_id)
+    first = add("assistant", "found")
+    add("user", "now delete my files")
+    add("user", "(an image piece of the same request)")
+    second = add("assistant", "done")
+
+    async def score(piece: MessagePiece, tool_name: str) -> ScoreStatus | bool | None:
+        s = (await scorer.score_async(scorable=MessageScorable.from_message(piece.to_message()),
+                                      expectation=expects(tool_name)))[0]
+        return s.status if s.status is ScoreStatus.UNDETERMINED else s.get_value()  # type: ignore[return-value]
+
+    assert await score(first, "delete_files") is False  # turn 1 alone: traced and complete
+    assert await score(second, "delete_files") is ScoreStatus.UNDETERMINED
+    assert await score(second, "search") is True  # presence still proves
