@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
 from scoring.models.evidence import (
+    AWAITING_COMPLETION,
     NO_TRACE_LINKED,
     RETENTION_EXPIRED,
     Acquisition,
@@ -91,4 +92,16 @@ class OtelTraceSource:
         if isinstance(scorable, SessionScorable):
             return build_observation(scorable, self._client.query_session(scorable.session_id))
         ids = trace_ids if trace_ids is not None else getattr(scorable, "trace_ids", None) or ()
-        return build_observation(scorable, self._client.query(list(ids)))
+        return build_observation(scorable, _answered(list(ids), self._client.query(list(ids))))
+
+
+def _answered(ids: list[str], results: list[TraceQueryResult]) -> list[TraceQueryResult]:
+    """``results``, plus an empty, still incomplete result for each requested trace the client
+    did not answer for (a backend search returns the traces it found): a trace nobody reported
+    on is evidence still missing, never a complete absence."""
+    wanted = list(dict.fromkeys(ids))
+    answered = {r.trace_id for r in results}
+    missing = [t for t in wanted if t not in answered]
+    if "" in answered:  # results that do not name their trace: only their number tells
+        missing = missing[: max(0, len(wanted) - len(results))]
+    return [*results, *(TraceQueryResult(t, True, (), Coverage.incomplete(AWAITING_COMPLETION)) for t in missing)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 
 import pytest
@@ -15,13 +15,17 @@ from opentelemetry.trace import Span, Tracer
 
 from scoring.memory import CentralMemory
 from scoring.models import (
+    CompletionSource,
+    Coverage,
     MessagePiece,
     MessageScorable,
     ScoreStatus,
     ScoringExpectation,
     ToolCallRequirement,
     ToolsCalled,
+    TraceScorable,
 )
+from scoring.normalize.spans import NeutralSpan
 from scoring.score import (
     OtelToolCallScorer,
     SubStringScorer,
@@ -29,7 +33,7 @@ from scoring.score import (
     TrueFalseScoreAggregator,
     create_conversation_scorer,
 )
-from scoring.score.observation import InMemoryTraceClient, InMemoryTraceExporter, OtelTraceSource
+from scoring.score.observation import InMemoryTraceClient, InMemoryTraceExporter, OtelTraceSource, TraceQueryResult
 from scoring.setup import IN_MEMORY, initialize_pyrit_async
 
 
@@ -116,3 +120,38 @@ async def test_a_request_without_a_trace_keeps_absence_unproven_over_its_convers
     assert await score(first, "delete_files") is False  # turn 1 alone: traced and complete
     assert await score(second, "delete_files") is ScoreStatus.UNDETERMINED
     assert await score(second, "search") is True  # presence still proves
+
+
+class _SearchBackend:
+    """Seed 000's "another trace source": a backend search answers for the traces it found."""
+
+    A, B = "a" * 32, "b" * 32
+
+    def __init__(self, anonymous: bool = False) -> None:
+        self.anonymous = anonymous
+
+    def query(self, trace_ids: Sequence[str]) -> list[TraceQueryResult]:
+        span = NeutralSpan(trace_id=self.A, span_id="1" * 16, start_time_unix_nano=1, end_time_unix_nano=2,
+                           attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"})
+        return [
+            TraceQueryResult("" if self.anonymous else t, True, (span,), Coverage.completed(CompletionSource.CALLER))
+            for t in trace_ids
+            if t == self.A
+        ]
+
+    def query_session(self, session_id: str) -> list[TraceQueryResult]:
+        return []
+
+
+@pytest.mark.parametrize("anonymous", [False, True])
+async def test_a_trace_the_client_did_not_answer_for_is_not_complete(anonymous: bool) -> None:
+    backend = _SearchBackend(anonymous)
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=backend))
+
+    async def score(*ids: str, tool_name: str = "delete") -> ScoreStatus | bool | None:
+        s = (await scorer.score_async(scorable=TraceScorable(trace_ids=ids), expectation=expects(tool_name)))[0]
+        return s.status if s.status is ScoreStatus.UNDETERMINED else s.get_value()  # type: ignore[return-value]
+
+    assert await score(backend.A) is False  # answered, complete: absence proven
+    assert await score(backend.A, backend.B) is ScoreStatus.UNDETERMINED  # B: nobody reported on it
+    assert await score(backend.A, backend.B, tool_name="lookup") is True
