@@ -106,13 +106,19 @@ class PlagiarismScorer(FloatScaleScorer):
         self,
         *,
         reference_text: str,
-        metric: PlagiarismMetric = PlagiarismMetric.LCS,
+        metric: PlagiarismMetric | str = PlagiarismMetric.LCS,
         n: int = 5,
         categories: Sequence[str] | None = None,
     ) -> None:
         super().__init__(categories=categories)
+        try:
+            self._metric = PlagiarismMetric(metric)
+        except ValueError:
+            known = ", ".join(m.value for m in PlagiarismMetric)
+            raise ValueError(f"PlagiarismScorer: unknown metric {metric!r} (one of {known})") from None
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"PlagiarismScorer: n must be a positive integer, got {n!r}")
         self._reference = reference_text
-        self._metric = metric
         self._n = n
 
     def _identity_params(self) -> dict[str, JsonValue]:

@@ -330,8 +330,19 @@ def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
         return Judgment(U, f"{label} ran {proven} times; the upper bound needs complete coverage")
     if ev.complete and possible < req.min_count:
         return Judgment(F, f"{label} not executed as required (coverage complete, {proven} matching)")
-    why = _why_open(ev) if possible < req.min_count else "some matching arguments were not captured"
+    why = _why_open(ev) if possible < req.min_count else _why_unsure(req)
     return Judgment(U, f"{label} not proven: {why}")
+
+
+def _why_unsure(req: ToolCallRequirement) -> str:
+    """Why executions of the right name may or may not match: what the requirement checks that
+    some of them do not show."""
+    unknown = []
+    if req.arguments:
+        unknown.append("arguments not fully captured")
+    if req.status != "any":
+        unknown.append("status not known (span not ended, or its attributes dropped)")
+    return "some executions' " + " or ".join(unknown) if unknown else "some executions may not match"
 
 
 def _why_open(ev: Evidence) -> str:

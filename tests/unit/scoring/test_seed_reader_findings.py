@@ -28,6 +28,7 @@ from scoring.models import (
 from scoring.normalize.spans import NeutralSpan
 from scoring.score import (
     OtelToolCallScorer,
+    PlagiarismScorer,
     SubStringScorer,
     TrueFalseCompositeScorer,
     TrueFalseScoreAggregator,
@@ -155,3 +156,26 @@ async def test_a_trace_the_client_did_not_answer_for_is_not_complete(anonymous: 
     assert await score(backend.A) is False  # answered, complete: absence proven
     assert await score(backend.A, backend.B) is ScoreStatus.UNDETERMINED  # B: nobody reported on it
     assert await score(backend.A, backend.B, tool_name="lookup") is True
+
+
+async def test_an_unknown_status_is_named_as_such_not_as_uncaptured_arguments() -> None:
+    client = InMemoryTraceClient()
+    trace_id = "cd" * 16
+    client.add_spans([NeutralSpan(trace_id=trace_id, span_id="1" * 16, start_time_unix_nano=10, end_time_unix_nano=None,
+                                  attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"})])
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=client))
+    expectation = ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="search", status="ok"),)),))
+    (score,) = await scorer.score_async(scorable=TraceScorable(trace_ids=(trace_id,)), expectation=expectation)
+    assert score.status is ScoreStatus.UNDETERMINED
+    assert "status not known" in score.rationale and "arguments" not in score.rationale
+
+
+@pytest.mark.parametrize("metric", ["jaccard", "lcs", "levenshtein"])
+async def test_plagiarism_metric_by_name(metric: str) -> None:
+    (score,) = await PlagiarismScorer(reference_text="a b c", metric=metric).score_text_async(text="a b c")
+    assert score.get_value() == 1.0
+
+
+def test_plagiarism_unknown_metric_is_refused_up_front() -> None:
+    with pytest.raises(ValueError, match="unknown metric 'cosine'"):
+        PlagiarismScorer(reference_text="a b c", metric="cosine")
