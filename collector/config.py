@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    #: inf/nan are no durations or sizes (an infinite deadline passed validation, then crashed the loop)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class TenantConfig(_Section):
@@ -38,12 +39,16 @@ class TenantConfig(_Section):
     resource_attribute: str = "toolwitness.tenant"
 
 
+#: what Kafka accepts as a topic name
+_TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
+
+
 class TopicsConfig(_Section):
-    spans: str = "otlp_spans"
-    control: str = "toolwitness.control"
-    scores: str = "toolwitness.scores"
-    observations: str = "toolwitness.observations"
-    dlq: str = "toolwitness.dlq"
+    spans: str = Field(default="otlp_spans", pattern=_TOPIC)
+    control: str = Field(default="toolwitness.control", pattern=_TOPIC)
+    scores: str = Field(default="toolwitness.scores", pattern=_TOPIC)
+    observations: str = Field(default="toolwitness.observations", pattern=_TOPIC)
+    dlq: str = Field(default="toolwitness.dlq", pattern=_TOPIC)
 
     @model_validator(mode="after")
     def _distinct(self) -> TopicsConfig:
@@ -82,9 +87,10 @@ class KafkaSecurityConfig(_Section):
 
 
 class KafkaConfig(_Section):
-    bootstrap_servers: str = "127.0.0.1:19092"
-    group_id: str = "toolwitness"
-    client_id: str = "toolwitness"
+    #: host:port[,host:port...]
+    bootstrap_servers: str = Field(default="127.0.0.1:19092", pattern=r"^[^\s,]+:\d{1,5}(,[^\s,]+:\d{1,5})*$")
+    group_id: str = Field(default="toolwitness", min_length=1)
+    client_id: str = Field(default="toolwitness", min_length=1)
     encoding: Literal["otlp_proto", "otlp_json"] = "otlp_proto"
     output_format: Literal["protobuf", "json"] = "protobuf"
     topics: TopicsConfig = TopicsConfig()
@@ -124,6 +130,15 @@ class RedisConfig(_Section):
     def _scheme(cls, v: str) -> str:
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"must start with redis://, rediss:// or unix://, got {v!r}")
+        if not v.startswith("unix://"):
+            parts = urlsplit(v)
+            try:
+                parts.port  # noqa: B018 -- raises on a port that is not a number in range
+            except ValueError:
+                raise ValueError(f"the port in {v!r} is not a number from 0 to 65535") from None
+            db = parts.path.strip("/")
+            if db and not db.isdigit():
+                raise ValueError(f"the database in {v!r} must be a number (e.g. /0), got {db!r}")
         return v
 
     @model_validator(mode="after")

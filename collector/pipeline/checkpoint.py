@@ -268,14 +268,21 @@ class Checkpoint:
         default_tenant = self.cfg.tenant.default
         try:
             if kind == "expectation":
-                exp = expectation_from_proto(
-                    msg.expectation,
-                    default_tenant=default_tenant,
-                    default_deadline_s=self.cfg.completion.default_deadline_seconds,
-                    # The record's own time, not ours: a replay (crash, data-loss recovery)
-                    # gives the expectation the same creation time and deadline again.
-                    now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
-                )
+                try:
+                    exp = expectation_from_proto(
+                        msg.expectation,
+                        default_tenant=default_tenant,
+                        default_deadline_s=self.cfg.completion.default_deadline_seconds,
+                        # The record's own time, not ours: a replay (crash, data-loss recovery)
+                        # gives the expectation the same creation time and deadline again.
+                        now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
+                    )
+                except (ArithmeticError, ValueError, TypeError) as exc:
+                    # Pure decoding: whatever it cannot take is this record's fault, never a reason
+                    # to stop the loop (a replay would fail the same way forever).
+                    if isinstance(exc, ControlDecodeError):
+                        raise
+                    raise ControlDecodeError("invalid_expectation", f"{type(exc).__name__}: {exc}"[:300]) from None
                 exp = self._within_retention(exp)
                 if scope_bytes_bound(exp.scope) > self.cfg.limits.max_observation_bytes // 2:
                     # Its observations could never be published (the scope is part of each).

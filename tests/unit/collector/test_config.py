@@ -196,3 +196,34 @@ def test_env_scorer_names_keep_their_case_and_top_level_typos_warn(
     assert [r.getMessage() for r in caplog.records] == [
         "config: TOOLWITNESS_LOGLEVEL is not read (did you mean TOOLWITNESS_LOG_LEVEL?)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ("completion:\n  default_deadline_seconds: .inf\n", "completion.default_deadline_seconds"),
+        ("redis:\n  socket_timeout_seconds: .nan\n", "redis.socket_timeout_seconds"),
+        ("kafka:\n  group_id: ''\n", "kafka.group_id"),
+        ("kafka:\n  bootstrap_servers: ''\n", "kafka.bootstrap_servers"),
+        ("kafka:\n  bootstrap_servers: 'broker'\n", "kafka.bootstrap_servers"),
+        ("kafka:\n  topics:\n    scores: 'my scores/topic'\n", "kafka.topics.scores"),
+        ("redis:\n  url: 'redis://localhost:notaport/0'\n", "redis.url"),
+        ("redis:\n  url: 'redis://localhost:6379/abc'\n", "redis.url"),
+    ],
+)
+def test_values_that_would_fail_only_at_run_time_are_refused_up_front(
+    tmp_path: Path, yaml_text: str, key: str
+) -> None:
+    """Each once passed validation, then failed the running service (an infinite deadline crashed
+    the poll loop on every restart) or failed at start with an error that named no key."""
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(p, env={})
+
+
+def test_usual_values_still_load(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("kafka:\n  bootstrap_servers: 'k1.example:9092,10.0.0.2:9093'\nredis:\n  url: 'rediss://h:6380/3'\n")
+    cfg = load_config(p, env={})
+    assert cfg.kafka.bootstrap_servers == "k1.example:9092,10.0.0.2:9093" and cfg.redis.url.endswith("/3")
