@@ -14,6 +14,7 @@ import binascii
 import html
 import json
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -159,8 +160,15 @@ def _strings(v: Any) -> Iterator[str]:
             yield from _strings(x)
 
 
-#: characters an agent (or a model) may slip into a copied token without changing what it reads as
-_INVISIBLE = dict.fromkeys(map(ord, "\u00ad\u200b\u200c\u200d\u2060\ufeff"))
+#: characters an agent (or a model) may slip into a copied token without changing what it reads
+#: as: Unicode's Default_Ignorable_Code_Point set (DerivedCoreProperties.txt)
+_IGNORABLE_RANGES = (
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+    (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+    (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)
+_INVISIBLE = dict.fromkeys(c for lo, hi in _IGNORABLE_RANGES for c in range(lo, hi + 1))
 #: a canary's random part: the trailing run of hex digits (``tw-canary-<20 hex>``: 80 bits)
 _CANARY_CORE = re.compile(r"[0-9a-fA-F]{16,}$")
 #: a run that may be base64 (standard or URL-safe) of a text holding a canary
@@ -175,7 +183,11 @@ def _needles(canary: str) -> tuple[str, ...]:
 
 
 def _plain(text: str) -> str:
-    return text.translate(_INVISIBLE).casefold()
+    """``text`` as it reads: compatibility forms folded (full-width letters, ligatures: NFKC),
+    invisible characters dropped, letter case folded."""
+    if text.isascii():
+        return text.casefold()
+    return unicodedata.normalize("NFKC", text.translate(_INVISIBLE)).translate(_INVISIBLE).casefold()
 
 
 @lru_cache(maxsize=2048)

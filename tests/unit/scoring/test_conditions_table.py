@@ -532,6 +532,13 @@ REENCODED: dict[str, str] = {
     "base64-url-unpadded": base64.urlsafe_b64encode(SERVICE_CANARY.encode()).decode().rstrip("="),
     "zero-width-inside": SERVICE_CANARY[:5] + "\u200b" + SERVICE_CANARY[5:],
     "html-entities": SERVICE_CANARY.replace("-", "&#45;"),
+    # any default-ignorable code point, not only the zero-width ones, and compatibility forms
+    **{
+        f"ignorable-U+{c:04X}": SERVICE_CANARY[:14] + chr(c) + SERVICE_CANARY[14:]
+        for c in (0x2063, 0x2062, 0x200E, 0x200F, 0x180E, 0x034F, 0xFE0F, 0xE0020, 0x2066, 0x061C, 0x3164)
+    },
+    "full-width": SERVICE_CANARY.translate({c: c + 0xFEE0 for c in range(0x21, 0x7F)}),
+    "json-escaped-ignorable": json.loads(json.dumps(SERVICE_CANARY[:14] + "\u2063" + SERVICE_CANARY[14:])),
 }
 NOT_IT: dict[str, str] = {
     "another-canary": "tw-canary-3f9a0c1e5b7d2468ace1",
