@@ -9,6 +9,7 @@ when the evidence is final (deadline passed, evidence unavailable).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -303,7 +304,7 @@ class Decider:
             return Verdict.UNDETERMINED, "scorer did not apply to this scope", {}
         s = scores[0]
         verdict = s.verdict if s.score_type == "true_false" else Verdict.of(None if s.get_value() is None else True)
-        meta = {k: "" if v is None else str(v) for k, v in s.metadata.items()}
+        meta = {k: _meta_text(v) for k, v in s.metadata.items()}
         return verdict, s.rationale, meta
 
     def outcome(
@@ -345,3 +346,16 @@ class Decider:
         set_timestamp(ev.decided_at, now)
         set_duration(ev.time_to_verdict, max(now - datetime.fromtimestamp(exp.created_ms / 1000, UTC), _ZERO))
         return Outcome(exp, verdict, version, sid, ev, obs, trigger, revisable, traces_seen)
+
+
+def _meta_text(v: object) -> str:
+    """A score's metadata value as the event's string: text as is, None as "", anything else as
+    its JSON (``true``, not Python's ``True``, for readers in any language)."""
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    try:
+        return json.dumps(v, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return str(v)

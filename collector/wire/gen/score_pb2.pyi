@@ -101,8 +101,11 @@ class ScoreEvent(_message.Message):
     """"true", "false" or "" when undetermined (true_false scorers); a decimal for float scale."""
     rationale: _builtins.str
     trigger: _builtins.str
-    """What made it decidable: "span", "marker", "watermark", "deadline",
-    "unavailable", "revision", "cancel".
+    """What made it decidable: "span" (a span arrived), "expectation" (registered
+    when its evidence was already there), "marker" (a completion marker),
+    "watermark" (a count-less marker's lateness passed), "deadline" (its deadline
+    passed: UNDETERMINED unless evidence decides), "revision" (version > 1: late
+    evidence changed an earlier verdict). Readers should accept other values.
     """
     @_builtins.property
     def scope(self) -> _common_pb2.Scope: ...
@@ -156,7 +159,13 @@ class Observation(_message.Message):
     NORMALIZATION_VERSION_FIELD_NUMBER: _builtins.int
     CAPTURED_AT_FIELD_NUMBER: _builtins.int
     observation_id: _builtins.str
-    """Content hash (SHA-256 of the canonical JSON of everything below)."""
+    """Content hash: lowercase hex SHA-256 of the canonical JSON (sorted keys, no
+    whitespace, UTF-8) of the evidence as toolwitness's Python model writes it
+    (scoring.models.Observation: scorable, tool_executions, coverage,
+    acquisition, normalization_version), without observation_id and
+    captured_at: equal evidence has one id whenever it was captured. Other
+    languages should treat it as an opaque id.
+    """
     acquisition: Global___Acquisition.ValueType
     normalization_version: _builtins.str
     @_builtins.property
