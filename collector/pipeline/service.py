@@ -34,7 +34,7 @@ from collector.processors.completion import WatermarkTracker
 from collector.processors.resp import RedisClient
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
-from collector.telemetry.metrics import EXPORT_FAILURES
+from collector.telemetry.metrics import DEPENDENCY_FAILURES
 
 log = logging.getLogger("toolwitness.service")
 
@@ -56,6 +56,49 @@ class RetryPolicy:
 
     def reset(self) -> None:
         self._attempt = 0
+
+
+#: a dependency failing this long makes the instance not ready (/readyz 503)
+NOT_READY_AFTER_S = 10.0
+#: while it fails, one warning per this many seconds (the rest at DEBUG)
+OUTAGE_LOG_EVERY_S = 30.0
+
+
+class Outage:
+    """Consecutive failures of one of the loops' dependencies (Redis, Kafka): what readiness and
+    the logs say about it. The first failure is a warning, then one per ``OUTAGE_LOG_EVERY_S``
+    with the count in between; the recovery is logged once."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None
+        self.failures = 0
+        self._logged_at = 0.0
+        self._quiet = 0
+
+    def failed(self, exc: BaseException, action: str) -> None:
+        now = time.monotonic()
+        self.failures += 1
+        DEPENDENCY_FAILURES.labels("service", self.what).inc()
+        if self.since is None:
+            self.since = now
+        if now - self._logged_at >= OUTAGE_LOG_EVERY_S or self.failures == 1:
+            more = f" ({self._quiet} more failures since the last warning)" if self._quiet else ""
+            log.warning("%s failed for %.0fs (%s: %s); %s%s", self.what, now - self.since, type(exc).__name__,
+                        str(exc)[:200], action, more)
+            self._logged_at, self._quiet = now, 0
+        else:
+            self._quiet += 1
+            log.debug("%s failed again (%s: %s)", self.what, type(exc).__name__, exc)
+
+    def ok(self) -> None:
+        if self.since is not None:
+            log.warning("%s recovered after %.1fs and %d failures", self.what, time.monotonic() - self.since,
+                        self.failures)
+        self.since, self.failures, self._logged_at, self._quiet = None, 0, 0.0, 0
+
+    def down_for(self) -> float:
+        return 0.0 if self.since is None else time.monotonic() - self.since
 
 
 def redis_client(cfg: RedisConfig, password: str | None) -> RedisClient:
@@ -96,6 +139,9 @@ class ToolwitnessService:
         )
         self.admin = AdminServer(cfg.admin.host, cfg.admin.port, ready=self.ready, alive=self.alive)
         self.retry = RetryPolicy()
+        self.sweep_retry = RetryPolicy(base_s=cfg.completion.sweep_interval_ms / 1000)
+        #: the poll loop's batches, its watermark publishing, the sweeper
+        self.outages = {name: Outage(name) for name in ("batch", "watermarks", "sweep")}
         self._stopping = asyncio.Event()
         self._started = False
         self._last_loop = time.monotonic()
@@ -110,7 +156,13 @@ class ToolwitnessService:
 
     # health
     def ready(self) -> bool:
-        return self._started and not self._stopping.is_set() and self.receiver.consumer is not None
+        """Started, consuming, and no dependency failing for ``NOT_READY_AFTER_S`` in a row."""
+        return (
+            self._started
+            and not self._stopping.is_set()
+            and self.receiver.consumer is not None
+            and all(o.down_for() < NOT_READY_AFTER_S for o in self.outages.values())
+        )
 
     def alive(self) -> bool:
         """Live while starting (every start step has its own deadline and fails the process if it
@@ -193,14 +245,9 @@ class ToolwitnessService:
                 try:
                     result = await self.checkpoint.process(batch)
                 except RETRIABLE as exc:
-                    EXPORT_FAILURES.labels(self.name).inc()
                     delay = self.retry.next_delay()
-                    log.error(
-                        "service: batch not committed (%s: %s); retrying from its first offset in %.1fs",
-                        type(exc).__name__,
-                        exc,
-                        delay,
-                    )
+                    self.outages["batch"].failed(exc, f"batch not committed; retrying from its first offset in "
+                                                      f"{delay:.1f}s")
                     receiver.rewind(batch)
                     # The lag says how far behind this instance is while it cannot move on (the
                     # watermarks are not published: that needs Redis too). The broker's end offsets:
@@ -210,6 +257,7 @@ class ToolwitnessService:
                     await asyncio.sleep(delay)
                     continue
                 self.retry.reset()
+                self.outages["batch"].ok()
                 await receiver.commit(result.offsets)
             await self._publish_watermarks()
 
@@ -218,18 +266,27 @@ class ToolwitnessService:
         try:
             await self.watermarks.publish(await self.receiver.span_partitions_caught_up())
         except RETRIABLE as exc:
-            EXPORT_FAILURES.labels(self.name).inc()
-            log.warning("service: watermarks not published (%s: %s); retrying", type(exc).__name__, exc)
+            self.outages["watermarks"].failed(exc, "watermarks not published; retrying on the next poll")
+        else:
+            self.outages["watermarks"].ok()
 
     async def _sweep_loop(self) -> None:
         interval = self.cfg.completion.sweep_interval_ms / 1000
+        outage = self.outages["sweep"]
         while not self._stopping.is_set():
+            wait = interval
             try:
                 await self.sweep()
+            except RETRIABLE as exc:
+                wait = max(interval, self.sweep_retry.next_delay())
+                outage.failed(exc, f"sweep not done; retrying in {wait:.1f}s")
             except Exception:
                 log.exception("sweeper: sweep failed; retrying")
+            else:
+                self.sweep_retry.reset()
+                outage.ok()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=interval)
+                await asyncio.wait_for(self._stopping.wait(), timeout=wait)
 
     async def sweep(self) -> int:
         """Finalize deadlines, watermark completions, and re-send decided-but-unpublished scores.

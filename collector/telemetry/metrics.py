@@ -87,6 +87,13 @@ EXPORT_FAILURES = Counter(
     ["component"],
     registry=REGISTRY,
 )
+DEPENDENCY_FAILURES = Counter(
+    "toolwitness_dependency_failures",
+    "Redis or Kafka failures of the service's loops, retried: batch (not committed, replayed), "
+    "watermarks (not published), sweep (deadlines, completions, re-sends postponed).",
+    ["component", "loop"],
+    registry=REGISTRY,
+)
 COMMIT_FAILURES = Counter(
     "toolwitness_commit_failures",
     "Offset commits refused after a rebalance (the batch is replayed).",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.telemetry.metrics import COMMIT_FAILURES, EXPORT_FAILURES
+from collector.telemetry.metrics import COMMIT_FAILURES, DEPENDENCY_FAILURES
 from tests.integration.harness import (
     TraceGroup,
     assert_exactly_once,
@@ -74,7 +74,8 @@ async def test_broker_restart_mid_run(redis_url: str, tmp_path: Path) -> None:
                     expected[eid] = "undetermined"
                 await s.send(s.topics.control, due)
                 await until_registered(cfg, [eid for eid, _ in due])
-                commits0, exports0 = service_count(COMMIT_FAILURES), service_count(EXPORT_FAILURES)
+                batches = DEPENDENCY_FAILURES.labels("service", "batch")
+                commits0, exports0 = service_count(COMMIT_FAILURES), batches._value.get()
 
                 down_at = time.monotonic()
                 await iso.down("kafka")
@@ -97,7 +98,7 @@ async def test_broker_restart_mid_run(redis_url: str, tmp_path: Path) -> None:
                 assert not task.done(), f"the poll loop ended:\n{ended(task)}"
                 s.only_events(expected)
                 refused = int(service_count(COMMIT_FAILURES) - commits0)
-                export_failures = int(service_count(EXPORT_FAILURES) - exports0)
+                export_failures = int(batches._value.get() - exports0)
                 client_duplicates = s.tw.duplicates
             resent = assert_exactly_once(await s.scores(), expected)
             print(

@@ -18,12 +18,14 @@ down, how long it was down, time to the first score after it came back.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 import pytest
 
-from collector.telemetry.metrics import CONSUMER_LAG, EXPORT_FAILURES
+from collector.pipeline.service import NOT_READY_AFTER_S, OUTAGE_LOG_EVERY_S
+from collector.telemetry.metrics import CONSUMER_LAG, DEPENDENCY_FAILURES
 from tests.integration.harness import (
     TraceGroup,
     assert_exactly_once,
@@ -33,7 +35,6 @@ from tests.integration.harness import (
     make_config,
     open_stack,
     service_and_task,
-    service_count,
     until,
 )
 
@@ -43,7 +44,19 @@ PER_GROUP = 8
 
 
 def failures() -> float:
-    return service_count(EXPORT_FAILURES)
+    """Batches that failed on Redis (not committed, retried from their first offset)."""
+    return float(DEPENDENCY_FAILURES.labels("service", "batch")._value.get())
+
+
+class _Warnings(logging.Handler):
+    """WARNING and above logged by the service while it is attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def spans_lag(topic: str) -> float:
@@ -77,6 +90,8 @@ async def test_redis_restart_with_aof_is_ridden_out(kafka_bootstrap: str, tmp_pa
 
                 # 3. Redis goes away; records keep coming.
                 fails0 = failures()
+                warnings = _Warnings()
+                logging.getLogger("toolwitness.service").addHandler(warnings)
                 await iso.down("redis")
                 down_at = time.monotonic()
                 await s.send(s.topics.control, open_.markers())
@@ -90,6 +105,13 @@ async def test_redis_restart_with_aof_is_ridden_out(kafka_bootstrap: str, tmp_pa
                 # 0 during an outage: only a committed batch updated it).
                 with fail_on_timeout(lambda: "the lag never showed the records sent while Redis was down"):
                     await until(lambda: spans_lag(cfg.kafka.topics.spans) > 0, timeout=30)
+                # A sustained outage makes the instance not ready (/readyz), and the logs say so a
+                # few times, not on every retry of the poll loop and the sweeper (once ~200 lines/s).
+                with fail_on_timeout(lambda: "still ready with Redis down"):
+                    await until(lambda: not svc.ready(), timeout=NOT_READY_AFTER_S + 20)
+                down_s = time.monotonic() - down_at
+                warned = len(warnings.records)
+                assert warned <= 3 * (2 + down_s / OUTAGE_LOG_EVERY_S), [r.getMessage() for r in warnings.records]
 
                 # 4. Redis comes back with its append-only file. (Scores are counted before: the service may
                 # publish all of them while `up` still waits for Redis to answer.)
@@ -103,6 +125,10 @@ async def test_redis_restart_with_aof_is_ridden_out(kafka_bootstrap: str, tmp_pa
                     await s.all_scored(expected, timeout=60)
                 all_after = time.monotonic() - up_at
                 assert not task.done(), f"the poll loop ended:\n{ended(task)}"
+                logging.getLogger("toolwitness.service").removeHandler(warnings)
+                with fail_on_timeout(lambda: "not ready again after Redis came back"):
+                    await until(svc.ready, timeout=30)
+                assert any("recovered" in r.getMessage() for r in warnings.records)
                 s.only_events(expected)
                 # What was decided before the restart survived it (AOF), so nothing could be decided twice.
                 after = set(await svc.redis.keys(f"{cfg.redis.key_prefix}:*:dec"))
