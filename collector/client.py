@@ -613,6 +613,7 @@ class ToolwitnessClient:
         overrides the expectation's. The record is keyed by the expectation id. To retry after a
         ``TimeoutError`` (the record may still be delivered), pass the same ``expectation_id``:
         the service takes an identical registration once (the timeout message names the id).
+        ``labels`` come back in every score of the expectation as metadata ``label.<key>``.
         """
         if expectation is not None and conditions is not None:
             raise ValueError("pass either `expectation` or `conditions`, not both")

@@ -340,7 +340,7 @@ class Decider:
             rationale=rationale,
             coverage=obs.coverage,
             observation_ids=[oid],
-            metadata=meta,
+            metadata={**meta, **{f"label.{k}": v for k, v in exp.labels}} if exp.labels else meta,
             trigger=trigger,
         )
         set_timestamp(ev.decided_at, now)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -87,6 +88,8 @@ class RegisteredExpectation:
     expectation: ScoringExpectation
     deadline_ms: int
     created_ms: int
+    #: the caller's labels (run, suite, ...), echoed in every score's metadata as ``label.<key>``
+    labels: tuple[tuple[str, str], ...] = ()
 
     def trace_ids(self) -> tuple[str, ...]:
         if isinstance(self.scope, SessionScorable):
@@ -103,6 +106,7 @@ class RegisteredExpectation:
                 "expectation": _expectation_to_json(self.expectation),
                 "deadline_ms": self.deadline_ms,
                 "created_ms": self.created_ms,
+                **({"labels": dict(self.labels)} if self.labels else {}),
             },
             separators=(",", ":"),
         )
@@ -126,6 +130,7 @@ class RegisteredExpectation:
             expectation=ScoringExpectation.model_validate(d["expectation"]),
             deadline_ms=int(d["deadline_ms"]),
             created_ms=int(d["created_ms"]),
+            labels=tuple(sorted(d.get("labels", {}).items())),
         )
 
 
@@ -243,6 +248,7 @@ def expectation_from_proto(
         if isinstance(exc, ControlDecodeError):
             raise
         raise ControlDecodeError("invalid_expectation", str(exc)[:300]) from None
+    labels = _labels(e.labels)
     if e.HasField("deadline"):
         d = e.deadline
         if abs(d.seconds) > MAX_DURATION_SECONDS or abs(d.nanos) > 999_999_999:
@@ -259,7 +265,24 @@ def expectation_from_proto(
         expectation=expectation,
         deadline_ms=created_ms + int(deadline_s * 1000),
         created_ms=created_ms,
+        labels=labels,
     )
+
+
+#: bounds on an expectation's labels (they are stored with it and copied into every score)
+MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 32, 64, 256
+
+
+def _labels(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    if len(labels) > MAX_LABELS:
+        raise ControlDecodeError("invalid_expectation", f"{len(labels)} labels; at most {MAX_LABELS}")
+    for k, v in labels.items():
+        if not k or len(k) > MAX_LABEL_KEY or len(v) > MAX_LABEL_VALUE:
+            raise ControlDecodeError(
+                "invalid_expectation",
+                f"label {k[:40]!r}: keys take 1-{MAX_LABEL_KEY} characters, values at most {MAX_LABEL_VALUE}",
+            )
+    return tuple(sorted(labels.items()))
 
 
 def check_marker(m: control_pb2.CompletionMarker) -> None:

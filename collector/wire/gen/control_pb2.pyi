@@ -302,9 +302,18 @@ class Expectation(_message.Message):
         """Processing-time deadline; after it an undecided expectation is UNDETERMINED."""
 
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """The caller's clock when built; the service dates an expectation by its record's
+        timestamp (a replay gives it the same deadline again).
+        """
+
     @_builtins.property
-    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The caller's labels (run, suite, ...): copied into every score of this
+        expectation as metadata "label.<key>". At most 32; keys 1-64 characters,
+        values at most 256.
+        """
+
     def __init__(
         self,
         *,
