@@ -27,6 +27,11 @@ def kafka_security_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
     return security_kwargs(cfg.security)
 
 
+#: headers of score records: the tenant, and the encoding of the value (``kafka.output_format``)
+TENANT_HEADER = "toolwitness-tenant"
+CONTENT_TYPE_HEADER = "content-type"
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     topic: str
@@ -76,11 +81,19 @@ class KafkaExporter:
         fut = await self._producer.send(topic, value=value, key=key, headers=headers or None)
         self._pending.append(fut)
 
-    async def send_score(self, expectation_id: str, event: bytes) -> None:
-        await self._send(self.cfg.topics.scores, expectation_id.encode(), event, [])
+    @property
+    def _content_type(self) -> bytes:
+        return b"application/json" if self.cfg.output_format == "json" else b"application/x-protobuf"
+
+    async def send_score(self, tenant: str, expectation_id: str, event: bytes) -> None:
+        """Keyed ``<tenant>/<expectation id>`` (a tenant has no '/'): two tenants' expectations
+        under one id stay two keys, and every version of one lands on one partition, in order."""
+        headers = [(TENANT_HEADER, tenant.encode()), (CONTENT_TYPE_HEADER, self._content_type)]
+        await self._send(self.cfg.topics.scores, f"{tenant}/{expectation_id}".encode(), event, headers)
 
     async def send_observation(self, observation_id: str, observation: bytes) -> None:
-        await self._send(self.cfg.topics.observations, observation_id.encode(), observation, [])
+        headers = [(CONTENT_TYPE_HEADER, self._content_type)]
+        await self._send(self.cfg.topics.observations, observation_id.encode(), observation, headers)
 
     async def send_dead_letter(self, d: DeadLetter) -> None:
         value = d.value

@@ -247,7 +247,7 @@ class Engine:
                 continue
             obs_id = o.observation.observation_id if d.won else decode_observation(d.observation).observation_id
             await self.exporter.send_observation(obs_id, d.observation)
-            await self.exporter.send_score(exp.expectation_id, d.event)
+            await self.exporter.send_score(exp.tenant, exp.expectation_id, d.event)
             sent.append(Published(exp.tenant, exp.expectation_id, resent=not d.won))
             if not d.won:
                 RESENT.labels(self.name).inc()
@@ -266,6 +266,6 @@ class Engine:
             now_ms = int(datetime.now(UTC).timestamp() * 1000)
             self.contradicted.update(await self.store.settle([exp] if watch else [], [] if watch else [exp], now_ms))
         await self.exporter.send_observation(decode_observation(d.observation).observation_id, d.observation)
-        await self.exporter.send_score(expectation_id, d.event)
+        await self.exporter.send_score(tenant, expectation_id, d.event)
         RESENT.labels(self.name).inc()
         return Published(tenant, expectation_id, resent=True)

@@ -67,7 +67,7 @@ async def test_a_retried_registration_is_taken_once_and_a_reuse_after_cancel_is_
         assert dlq[0].key == b"cancelled"
         assert "cancelled or decided" in (header(dlq[0], "toolwitness-dlq-detail") or "")
         # the retries of "retried" produced one score and no dead letter
-        scores = [r for r in await read_all(kafka_bootstrap, cfg.kafka.topics.scores) if r.key == b"retried"]
+        scores = [r for r in await read_all(kafka_bootstrap, cfg.kafka.topics.scores) if r.key == b"default/retried"]
         assert len(scores) == 1
 
 

@@ -25,6 +25,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Sequence
+from datetime import timedelta
 
 import pytest
 
@@ -34,12 +35,14 @@ from tests.integration.harness import (
     drop_stack,
     expectation_bytes,
     expects,
+    header,
     make_config,
     new_span_id,
     new_trace_id,
     otlp_request,
     otlp_span,
     raw_producer,
+    read_all,
     redis_keys,
     running_service,
     until,
@@ -190,3 +193,27 @@ async def test_tenants_never_read_each_others_evidence(kafka_bootstrap: str, red
 
 async def _at_least(value: Awaitable[int], n: int) -> bool:
     return await value >= n
+
+
+@pytest.mark.parametrize("output_format", ["protobuf", "json"])
+async def test_score_records_are_keyed_by_tenant_and_id_and_say_their_tenant(
+    kafka_bootstrap: str, redis_url: str, output_format: str
+) -> None:
+    """Two tenants may use one expectation id: their score records must stay two keys (a key-based
+    view such as a compacted topic or a KTable kept only one), and carry their tenant and encoding."""
+    cfg = make_config(kafka_bootstrap, redis_url, kafka={"output_format": output_format})
+    try:
+        async with running_service(cfg), control_client(cfg, tenant="acme") as acme, \
+                control_client(cfg, tenant="globex") as globex:
+            for client in (acme, globex):
+                await client.expect(SessionScorable(session_id=f"s-{client.tenant}"), expects("search"),
+                                    expectation_id="run-1", deadline=timedelta(seconds=1))
+            await asyncio.gather(acme.wait_for("run-1", timeout=30), globex.wait_for("run-1", timeout=30))
+        records = await read_all(kafka_bootstrap, cfg.kafka.topics.scores)
+        want_type = "application/json" if output_format == "json" else "application/x-protobuf"
+        got = sorted((r.key, header(r, "toolwitness-tenant"), header(r, "content-type")) for r in records)
+        assert got == [(b"acme/run-1", "acme", want_type), (b"globex/run-1", "globex", want_type)]
+        observations = await read_all(kafka_bootstrap, cfg.kafka.topics.observations)
+        assert observations and all(header(r, "content-type") == want_type for r in observations)
+    finally:
+        await drop_stack(cfg)
