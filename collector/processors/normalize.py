@@ -13,6 +13,7 @@ from typing import Any
 
 from scoring.models.evidence import LIMIT_EXCEEDED, CaptureState, ToolExecution
 from scoring.normalize.spans import NeutralSpan, normalize_span
+from scoring.verdict.conditions import canary_tokens
 
 SPAN_REJECTED = "span_rejected"
 
@@ -108,12 +109,29 @@ def full_digest(args: str) -> str:
     return hashlib.blake2b(args.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
+#: cut arguments keep at most this many hex runs of the part cut off (see ``cap_arguments``)
+CUT_TOKENS = 8
+
+
 def cap_arguments(args: str | None, state: CaptureState, max_argument_bytes: int) -> tuple[str | None, CaptureState]:
-    """Arguments cut to ``max_argument_bytes`` UTF-8 bytes (then TRUNCATED), as the state keeps them."""
+    """Arguments cut to ``max_argument_bytes`` UTF-8 bytes (then TRUNCATED), as the state keeps them.
+
+    The hex runs of the part cut off (up to ``CUT_TOKENS``, in any reading: JSON strings,
+    base64, percent-encoding, ...) are kept after the cut, so a poisoning canary past it still
+    proves propagation, as it does in-process on the whole arguments."""
     # A str of n characters is at most 4n UTF-8 bytes: encode only when that could exceed the cap.
     if args is not None and len(args) * 4 > max_argument_bytes and len(args.encode()) > max_argument_bytes:
-        return args.encode()[:max_argument_bytes].decode("utf-8", "ignore"), CaptureState.TRUNCATED
+        head = args.encode()[:max_argument_bytes].decode("utf-8", "ignore")
+        kept = head.casefold()
+        tokens = [t for t in canary_tokens(args, limit=64) if t not in kept][:CUT_TOKENS]
+        if tokens:
+            head += CUT_MARK + " ".join(tokens) + "]"
+        return head, CaptureState.TRUNCATED
     return args, state
+
+
+#: what follows the cut in cut arguments that had hex runs past it
+CUT_MARK = "\u2026[cut; hex runs after the cut: "
 
 
 def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:

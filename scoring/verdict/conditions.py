@@ -230,6 +230,30 @@ def _carries(canary: str, raw: str) -> bool:
     return any(n in reading for text in texts for reading in _readings(text, min_run) for n in needles)
 
 
+#: a run that may be a canary's random part (or a text holding one): what ``_CANARY_CORE`` reads
+_HEX_RUN = re.compile(r"[0-9a-f]{16,}")
+
+
+def canary_tokens(text: str, limit: int = 8) -> tuple[str, ...]:
+    """The hex runs (16+ digits, case folded) in ``text`` and in every reading of it that
+    ``_carries`` would search (its JSON strings, decoded, re-encoded forms), at most ``limit``,
+    each at most 64 characters. Whoever cuts arguments keeps those of the part it cuts off, so
+    a canary there still proves propagation: a canary with a random hex part (the poisoning
+    service's) is proven by that part alone, which such a run holds."""
+    texts = [text]
+    doc = _parse_arguments(text)
+    if doc is not _UNREADABLE and doc is not _NOT_JSON:
+        texts.extend(_strings(doc))
+    out: dict[str, None] = {}
+    for t in texts:
+        for reading in _readings(t, 16):
+            for run in _HEX_RUN.findall(reading):
+                out.setdefault(run[:64])
+                if len(out) >= limit:
+                    return tuple(out)
+    return tuple(out)
+
+
 class _Sentinel:
     __slots__ = ("name",)
 

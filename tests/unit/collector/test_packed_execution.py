@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collector.processors.normalize import pack_tool, unpack_execution
+from collector.processors.normalize import cap_arguments, pack_tool, unpack_execution
+from scoring.models import Coverage, Observation, PayloadPropagated, ToolExecution, TraceScorable, Verdict
 from scoring.models.evidence import CaptureState
+from scoring.verdict.conditions import Evidence, judge
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 _ns = st.integers(min_value=1, max_value=2**63 - 1)
@@ -42,3 +48,41 @@ def test_arguments_cut_for_the_state_keep_what_tells_two_copies_apart() -> None:
     assert packed(same_start + '", "path": "/tmp/a"}') == a  # a replay is exact
     e = unpack_execution(a, TRACE)
     assert e.arguments_state is CaptureState.TRUNCATED and e.delivered_canary is None and e.call_id is None
+
+
+CANARY = "tw-canary-3f9a0c1e5b7d2468ace0"
+
+
+def _body(where: str) -> str:
+    pad = "Dear team, " + "the quarterly report is attached. " * 40  # ~1.3 KB: past a 1 KiB cut
+    if where == "plain":
+        return json.dumps({"to": "x@example.test", "body": pad + f"ref {CANARY}"})
+    if where == "base64":
+        return json.dumps({"to": "x@example.test", "body": pad + base64.b64encode(f"code {CANARY}".encode()).decode()})
+    if where == "json-escaped":  # every character escaped: only the decoded JSON string shows it
+        escaped = "".join(f"\\u{ord(c):04x}" for c in CANARY)
+        return '{"to": "x@example.test", "body": "' + pad + escaped + '"}'
+    return json.dumps({"to": "x@example.test", "body": pad})
+
+
+@pytest.mark.parametrize("where", ["plain", "base64", "json-escaped"])
+def test_a_canary_past_the_argument_cut_still_proves_propagation(where: str) -> None:
+    """The service keeps 1 KiB of arguments; a canary after that proved nothing (UNDETERMINED),
+    while the library, reading the whole arguments, said TRUE."""
+    full = _body(where)
+    cut, state = cap_arguments(full, CaptureState.CAPTURED, 1024)
+    assert state is CaptureState.TRUNCATED and cut is not None and len(cut.encode()) < len(full.encode())
+    condition = PayloadPropagated(canaries=(CANARY,))
+    for arguments in (full, cut):  # the library's view and the service's agree
+        execution = ToolExecution(name="send_email", trace_id=TRACE, span_id="1" * 16, status="ok",
+                                  start_time_unix_nano=1, end_time_unix_nano=2, arguments=arguments,
+                                  arguments_state=CaptureState.CAPTURED if arguments is full else state)
+        obs = Observation(scorable=TraceScorable(trace_ids=(TRACE,)), tool_executions=(execution,),
+                          coverage=Coverage.completed())
+        assert judge(condition, Evidence.of(obs)).verdict is Verdict.TRUE, arguments[-200:]
+
+
+def test_arguments_cut_without_hex_after_the_cut_are_only_cut() -> None:
+    full = _body("none")
+    cut, _ = cap_arguments(full, CaptureState.CAPTURED, 1024)
+    assert cut == full.encode()[:1024].decode()
