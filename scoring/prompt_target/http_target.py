@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from scoring.models.message import Message, MessagePiece
-from scoring.prompt_target.base import PromptTarget
+from scoring.prompt_target.base import PromptTarget, traces_itself
 from scoring.prompt_target.tracing import TRACE_HEADERS, TargetTraceConfig, request_trace
 
 __all__ = ["HTTPTarget", "ParsedRequest", "parse_http_request"]
@@ -136,6 +136,7 @@ class HTTPTarget(PromptTarget):
             await response.aread()
             return response
 
+    @traces_itself
     async def send_prompt_async(self, *, message: Message) -> Message:
         piece = message.message_pieces[0]
         rendered = self._render(piece.converted_value)

@@ -13,10 +13,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Span, Tracer
 
+from scoring.executor.attack import AttackScoringConfig, PromptSendingAttack
 from scoring.memory import CentralMemory
 from scoring.models import (
+    AttackOutcome,
     CompletionSource,
     Coverage,
+    Message,
     MessagePiece,
     MessageScorable,
     ScoreStatus,
@@ -26,6 +29,7 @@ from scoring.models import (
     TraceScorable,
 )
 from scoring.normalize.spans import NeutralSpan
+from scoring.prompt_target import PromptTarget, TargetTraceConfig
 from scoring.score import (
     OtelToolCallScorer,
     PlagiarismScorer,
@@ -179,3 +183,32 @@ async def test_plagiarism_metric_by_name(metric: str) -> None:
 def test_plagiarism_unknown_metric_is_refused_up_front() -> None:
     with pytest.raises(ValueError, match="unknown metric 'cosine'"):
         PlagiarismScorer(reference_text="a b c", metric="cosine")
+
+
+async def test_a_custom_target_with_a_tracer_captures_its_invocation(
+    rig: tuple[InMemoryTraceClient, Tracer, OtelToolCallScorer],
+) -> None:
+    """Seed 000: "A custom local target can pass TargetTraceConfig(tracer=...) to its PromptTarget
+    constructor. This captures the target invocation with a caller-owned provider." """
+    client, tracer, scorer = rig
+    await initialize_pyrit_async(memory_db_type=IN_MEMORY)
+
+    class LocalAgentTarget(PromptTarget):
+        async def send_prompt_async(self, *, message: Message) -> Message:
+            with tool(tracer, "my_tool_call"):  # the local agent's tool, under the current context
+                pass
+            return MessagePiece(role="assistant", original_value="done",
+                                conversation_id=message.conversation_id).to_message()
+
+    target = LocalAgentTarget(trace_config=TargetTraceConfig(tracer=tracer))
+    attack = PromptSendingAttack(objective_target=target,
+                                 attack_scoring_config=AttackScoringConfig(objective_scorer=scorer))
+    result = await attack.execute_async(objective="my_tool_call", expectation=expects("my_tool_call"))
+    assert result.outcome is AttackOutcome.SUCCESS, result.outcome_reason
+    (trace_id,) = result.trace_ids
+    names = {s.name for s in client.query([trace_id])[0].spans}
+    assert names == {"LocalAgentTarget.send_prompt_async", "execute_tool my_tool_call"}
+    # without a tracer nothing is traced, as before
+    untraced = PromptSendingAttack(objective_target=LocalAgentTarget(),
+                                   attack_scoring_config=AttackScoringConfig(objective_scorer=scorer))
+    assert (await untraced.execute_async(objective="x", expectation=expects("my_tool_call"))).trace_ids == ()
