@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -51,13 +51,45 @@ def run(config: ConfigOpt = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.request_stop)
-        await service.start()
+        try:
+            await service.start()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await service.shutdown()
+            raise _StartFailed(_start_failure(cfg, exc)) from exc
         try:
             await service.run()
         finally:
             await service.shutdown()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except _StartFailed as exc:
+        # One line a platform team can act on; the traceback only at DEBUG.
+        logging.getLogger("toolwitness").debug("start failed", exc_info=exc.__cause__)
+        typer.echo(f"toolwitness: could not start: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+class _StartFailed(Exception):
+    pass
+
+
+def _start_failure(cfg: Any, exc: BaseException) -> str:
+    """What failed at start, naming the setting to check."""
+    from aiokafka.errors import KafkaError
+    from redis.exceptions import RedisError
+
+    what = f"{type(exc).__name__}: {exc}".strip()[:300]
+    if isinstance(exc, RedisError) or "redis" in type(exc).__module__:
+        return f"Redis at redis.url {_redact_urls(cfg.redis.url)!r} ({what})"
+    if isinstance(exc, KafkaError) or "kafka" in type(exc).__module__:
+        return f"Kafka at kafka.bootstrap_servers {cfg.kafka.bootstrap_servers!r} ({what})"
+    if isinstance(exc, OSError) and exc.errno in (98, 13):  # address in use / permission denied
+        return f"the admin endpoint {cfg.admin.host}:{cfg.admin.port} (admin.host/admin.port) ({what})"
+    if isinstance(exc, TimeoutError):
+        return f"a step timed out: check redis.url and kafka.bootstrap_servers are reachable ({what or 'timeout'})"
+    return what
 
 
 @app.command("validate-config")

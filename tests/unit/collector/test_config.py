@@ -227,3 +227,28 @@ def test_usual_values_still_load(tmp_path: Path) -> None:
     p.write_text("kafka:\n  bootstrap_servers: 'k1.example:9092,10.0.0.2:9093'\nredis:\n  url: 'rediss://h:6380/3'\n")
     cfg = load_config(p, env={})
     assert cfg.kafka.bootstrap_servers == "k1.example:9092,10.0.0.2:9093" and cfg.redis.url.endswith("/3")
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_run_says_in_one_line_which_dependency_it_could_not_reach(tmp_path: Path) -> None:
+    """A Redis that is not there printed a 100-270 line traceback; now one line naming the key."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "c.yaml"
+    p.write_text(f"redis:\n  url: redis://127.0.0.1:{_closed_port()}/0\nadmin:\n  port: {_closed_port()}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "from collector.cli import app; app()", "run", "--config", str(p)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("toolwitness:")]
+    assert line.startswith("toolwitness: could not start: Redis at redis.url 'redis://127.0.0.1:"), line
