@@ -24,13 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etoolwitness/v1/intercept.proto\x12\x0etoolwitness.v1\"\xa3\x01\n\x14InterceptToolRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x1b\n\x13tool_arguments_json\x18\x02 \x01(\t\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x05 \x01(\t\x12\x10\n\x08trace_id\x18\x06 \x01(\t\x12\x0f\n\x07span_id\x18\x07 \x01(\t\"s\n\x15InterceptToolResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\x12\x10\n\x08poisoned\x18\x02 \x01(\x08\x12\x0e\n\x06\x63\x61nary\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61mpaign_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t2l\n\x0cToolBoundary\x12\\\n\rInterceptTool\x12$.toolwitness.v1.InterceptToolRequest\x1a%.toolwitness.v1.InterceptToolResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etoolwitness/v1/intercept.proto\x12\x0etoolwitness.v1\"\xa3\x01\n\x14InterceptToolRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x1b\n\x13tool_arguments_json\x18\x02 \x01(\t\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x05 \x01(\t\x12\x10\n\x08trace_id\x18\x06 \x01(\t\x12\x0f\n\x07span_id\x18\x07 \x01(\t\"s\n\x15InterceptToolResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\x12\x10\n\x08poisoned\x18\x02 \x01(\x08\x12\x0e\n\x06\x63\x61nary\x18\x03 \x01(\t\x12\x13\n\x0b\x63\x61mpaign_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t2l\n\x0cToolBoundary\x12\\\n\rInterceptTool\x12$.toolwitness.v1.InterceptToolRequest\x1a%.toolwitness.v1.InterceptToolResponseBG\n\x12\x64\x65v.toolwitness.v1P\x01Z/toolwitness/gen/go/toolwitness/v1;toolwitnessv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'collector.wire.gen.intercept_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\022dev.toolwitness.v1P\001Z/toolwitness/gen/go/toolwitness/v1;toolwitnessv1'
   _globals['_INTERCEPTTOOLREQUEST']._serialized_start=51
   _globals['_INTERCEPTTOOLREQUEST']._serialized_end=214
   _globals['_INTERCEPTTOOLRESPONSE']._serialized_start=216
