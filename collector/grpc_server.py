@@ -73,7 +73,12 @@ class GrpcServer(ABC, Generic[C]):
     _log: ClassVar[logging.Logger]
 
     def __init__(self, config: C, bearer_token: str | None) -> None:
+        """``bearer_token`` None: the token in ``config.bearer_token_env`` (the documented
+        default, so a server built directly is not left open when the variable is set); ""
+        explicitly: no token."""
         self.config = config
+        if bearer_token is None:
+            bearer_token = config.read_bearer_token()
         self._token = bearer_token.encode("utf-8") if bearer_token else None
         self._server: Any = None
         self._port: int | None = None

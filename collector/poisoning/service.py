@@ -16,7 +16,8 @@ linked to the caller's ``execute_tool`` span, so the agent's own trace and its s
 are untouched).
 
 Optional bearer token (``authorization: Bearer <token>``, read from the environment
-variable the config names; compared in constant time, never logged) and optional TLS.
+variable the config names, ``TOOLWITNESS_POISONING_TOKEN`` by default, unless
+``bearer_token=`` is given; compared in constant time, never logged) and optional TLS.
 Logs carry the component name ``poisoning``.
 """
 

@@ -131,6 +131,22 @@ async def test_bearer_token_is_checked_and_never_logged(caplog: pytest.LogCaptur
     assert any(getattr(r, "component", None) == "poisoning" for r in caplog.records)
 
 
+async def test_a_server_built_directly_takes_the_token_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The module's sample builds ``PoisoningServer(...)`` directly: with the token variable set it
+    answered calls without a token (only the factory read the variable)."""
+    monkeypatch.setenv("TOOLWITNESS_POISONING_TOKEN", TOKEN)
+    server = PoisoningServer(registry(), PoisoningConfig(listen="127.0.0.1:0"))
+    assert server.auth_required
+    async with server:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(server, req("enrolled", '"text"'))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert (await call(server, req("enrolled", '"text"'), token=TOKEN)).poisoned
+    assert not PoisoningServer(registry(), PoisoningConfig(listen="127.0.0.1:0"), bearer_token="").auth_required
+
+
 async def test_concurrent_calls_never_exceed_the_cap() -> None:
     async with PoisoningServer(registry(max_deliveries_per_session=3), PoisoningConfig(listen="127.0.0.1:0")) as server:
         responses = await asyncio.gather(*(call(server, req("enrolled", '"page text"')) for _ in range(20)))
