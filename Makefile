@@ -44,10 +44,12 @@ unit: install ## Unit tests only (no services needed)
 	$(VENV)/bin/pytest -m 'not integration' tests/unit
 
 .PHONY: test
-test: install ## THE test command: lint, start services, all tests, stop services
+test: install ## THE test command: lint, start services, all tests, stop the services it started
 	$(MAKE) lint
-	$(PY) scripts/services.py up
-	set -o pipefail; rc=0; $(VENV)/bin/pytest tests || rc=$$?; $(PY) scripts/services.py down; exit $$rc
+	set -o pipefail; was_up=0; $(PY) scripts/services.py status >/dev/null 2>&1 && was_up=1; \
+	$(PY) scripts/services.py up || exit $$?; \
+	rc=0; $(VENV)/bin/pytest tests || rc=$$?; \
+	if [[ $$was_up == 0 ]]; then $(PY) scripts/services.py down; fi; exit $$rc
 
 .PHONY: demo
 demo: install ## THE demo: local Kafka + Redis, the service, a sample agent; prints each score

@@ -156,13 +156,21 @@ def sidecar(
 
 
 @app.command()
-def demo(
-    keep_services: Annotated[bool, typer.Option(help="leave Kafka and Redis running afterwards")] = True,
-) -> None:
-    """End to end: local Kafka + Redis, the service, and a sample agent; prints each score."""
-    from collector.demo import run_demo
+def demo() -> None:
+    """End to end on the local Kafka + Redis (`make demo` starts them): the service and a sample
+    agent; prints each score."""
+    from aiokafka.errors import KafkaError
+    from redis.exceptions import RedisError
 
-    raise typer.Exit(asyncio.run(run_demo(keep_services=keep_services)))
+    from collector.demo import demo_config, run_demo
+
+    try:
+        rc = asyncio.run(run_demo())
+    except (OSError, TimeoutError, KafkaError, RedisError) as exc:  # Redis or Kafka not there: one line
+        typer.echo(f"toolwitness: could not start: {_start_failure(demo_config(), exc)}; "
+                   "start them with `make services-up`", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(rc)
 
 
 @bench_app.command("scoring")
@@ -189,7 +197,11 @@ def bench_pipeline(
     """Spans/s end to end vs the aiokafka floor (1 and 2 instances), time to verdict, Redis bytes per trace."""
     from collector.bench import run_pipeline_bench
 
-    counts = [int(x) for x in instances.split(",") if x.strip()]
+    try:
+        counts = [int(x) for x in instances.split(",") if x.strip()]
+    except ValueError:
+        why = f"{instances!r}: comma-separated whole numbers, e.g. 1,2"
+        raise typer.BadParameter(why, param_hint="--instances") from None
     raise typer.Exit(
         asyncio.run(
             run_pipeline_bench(

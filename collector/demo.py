@@ -74,7 +74,7 @@ def demo_config() -> ServiceConfig:
     )
 
 
-async def run_demo(keep_services: bool = True) -> int:
+async def run_demo() -> int:
     console = Console(width=max(Console().width, 130))
     cfg = demo_config()
     provider = TracerProvider(sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=SpanLimits.UNSET))

@@ -1,5 +1,6 @@
 """StreamingToolScorer: a trace-backed objective scorer that asks the streaming service.
 
+    await initialize_pyrit_async(memory_db_type=IN_MEMORY)   # scoring.setup: the attack's memory
     async with ToolwitnessClient(bootstrap_servers="127.0.0.1:19092") as tw:
         attack = PromptSendingAttack(
             objective_target=HTTPTarget(..., trace_config=TargetTraceConfig(enabled=True)),

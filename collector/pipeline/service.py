@@ -119,7 +119,7 @@ class ToolwitnessService:
     name = "service"
 
     def __init__(self, cfg: ServiceConfig, *, owns_process: bool = False) -> None:
-        """``owns_process``: the service is what this process is for (``toolwitness serve``, the
+        """``owns_process``: the service is what this process is for (``toolwitness run``, the
         bench and demo processes): ``start`` may tune the process-wide garbage collector. An
         application that embeds the service leaves its collector alone (the default)."""
         self.cfg = cfg

@@ -252,3 +252,18 @@ def test_run_says_in_one_line_which_dependency_it_could_not_reach(tmp_path: Path
     assert "Traceback" not in done.stderr
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("toolwitness:")]
     assert line.startswith("toolwitness: could not start: Redis at redis.url 'redis://127.0.0.1:"), line
+
+
+def test_demo_without_its_services_says_so_in_one_line() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TOOLWITNESS_KAFKA_BOOTSTRAP": f"127.0.0.1:{_closed_port()}",
+           "TOOLWITNESS_REDIS_URL": f"redis://127.0.0.1:{_closed_port()}/0"}
+    done = subprocess.run([sys.executable, "-c", "from collector.cli import app; app()", "demo"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("toolwitness:")]
+    assert line.startswith("toolwitness: could not start:") and line.endswith("start them with `make services-up`")
