@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from scoring.score.tree import TREE_KEYS_BY_TYPE, keys_not_for
+
 
 class _Section(BaseModel):
     #: inf/nan are no durations or sizes (an infinite deadline passed validation, then crashed the loop)
@@ -192,6 +194,16 @@ class ScorerTreeConfig(_Section):
     scorers: tuple[ScorerTreeConfig, ...] = ()
     scorer: ScorerTreeConfig | None = None
     fallback_scorer: ScorerTreeConfig | None = None
+
+    @model_validator(mode="after")
+    def _keys_of_its_type(self) -> ScorerTreeConfig:
+        """A key another type takes is a mistake (an otel_tool_call node with ``scorers`` ran as a
+        bare tool scorer, its other criteria gone)."""
+        misplaced = keys_not_for(self.type, self.model_fields_set)
+        if misplaced:
+            takes = ", ".join(sorted(TREE_KEYS_BY_TYPE[self.type])) or "no other key"
+            raise ValueError(f"{misplaced} do(es) not apply to type {self.type!r} (it takes: {takes})")
+        return self
 
 
 class AdminConfig(_Section):

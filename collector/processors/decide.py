@@ -52,8 +52,9 @@ from scoring.models.evidence import (
 from scoring.score import (
     Scorer,
     ScoringContext,
+    TrueFalseScorer,
 )
-from scoring.score.tree import build_scorer_tree
+from scoring.score.tree import ScorerTreeConfigError, build_scorer_tree
 
 _STATUS = {
     Verdict.TRUE: common_pb2.SCORE_STATUS_TRUE,
@@ -92,7 +93,14 @@ def _cut_arguments(e: ToolExecution, max_chars: int) -> ToolExecution:
 
 def build_tree(cfg: ScorerTreeConfig, path: str = "scorers") -> Scorer:
     """Build a configured scorer tree (the scoring library's builder); errors name the config path."""
-    return build_scorer_tree(cfg.model_dump(mode="json", exclude_none=True), path=path)
+    tree = build_scorer_tree(cfg.model_dump(mode="json", exclude_none=True, exclude_unset=True), path=path)
+    if not isinstance(tree, TrueFalseScorer):
+        # A score event is TRUE / FALSE / UNDETERMINED: a float value (0.0 included) has no place in it.
+        raise ScorerTreeConfigError(
+            f"{path}: a service tree's root must be true/false, not {cfg.type!r} (float scale): "
+            "wrap it in a threshold"
+        )
+    return tree
 
 
 def trace_coverage(

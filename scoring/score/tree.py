@@ -6,7 +6,7 @@ inverter, threshold, fallback) and that type's keys; errors name the config path
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from scoring.models.evidence import Observation
@@ -50,6 +50,22 @@ _TREE_KEYS = frozenset(
         "fallback_scorer",
     }
 )
+#: the keys each node type takes (besides ``type`` and ``categories``): any other is a mistake
+#: (a mis-nested tree would otherwise run as another tree, silently)
+TREE_KEYS_BY_TYPE: dict[str, frozenset[str]] = {
+    "otel_tool_call": frozenset(),
+    "substring": frozenset({"substring", "case_sensitive"}),
+    "plagiarism": frozenset({"reference_text"}),
+    "composite": frozenset({"aggregator", "scorers"}),
+    "inverter": frozenset({"scorer"}),
+    "threshold": frozenset({"scorer", "threshold"}),
+    "fallback": frozenset({"scorer", "fallback_scorer"}),
+}
+
+
+def keys_not_for(kind: str, keys: Iterable[str]) -> list[str]:
+    """The keys of ``keys`` a node of type ``kind`` does not take."""
+    return sorted(set(keys) - TREE_KEYS_BY_TYPE[kind] - {"type", "categories"})
 
 
 class ScorerTreeConfigError(ValueError):
@@ -93,6 +109,10 @@ def build_scorer_tree(
     unknown = sorted(set(config) - _TREE_KEYS)
     if unknown:
         raise ScorerTreeConfigError(f"{path}: unknown key(s) {unknown} for a scorer tree node")
+    misplaced = keys_not_for(kind, (k for k, v in config.items() if v is not None))
+    if misplaced:
+        takes = ", ".join(sorted(TREE_KEYS_BY_TYPE[kind])) or "no other key"
+        raise ScorerTreeConfigError(f"{path}: {misplaced} do(es) not apply to type {kind!r} (it takes: {takes})")
     raw_categories = config.get("categories") or []
     if not isinstance(raw_categories, list | tuple) or not all(isinstance(c, str) for c in raw_categories):
         raise ScorerTreeConfigError(f"{path}: categories must be a list of strings")

@@ -267,3 +267,30 @@ def test_demo_without_its_services_says_so_in_one_line() -> None:
     assert "Traceback" not in done.stderr
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("toolwitness:")]
     assert line.startswith("toolwitness: could not start:") and line.endswith("start them with `make services-up`")
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        # a mis-nested tree ran as another tree: the substring criterion was silently gone
+        ("type: otel_tool_call\n    aggregator: and\n    scorers: [{type: substring, substring: x}]",
+         r"scorers\.t.*\['aggregator', 'scorers'\] do\(es\) not apply to type 'otel_tool_call'"),
+        ("type: inverter\n    scorer: {type: otel_tool_call}\n    scorers: [{type: otel_tool_call}]",
+         r"\['scorers'\] do\(es\) not apply to type 'inverter'"),
+        ("type: substring\n    substring: x\n    threshold: 7", r"\['threshold'\] do\(es\) not apply to type 'substring'"),
+        # a float-scale root was published as TRUE whatever its value
+        ("type: plagiarism\n    reference_text: the quick brown fox", r"scorers\.t: a service tree's root must be true/false"),
+    ],
+)
+def test_trees_that_would_run_as_something_else_are_refused(tmp_path: Path, tree: str, message: str) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(f"scorers:\n  t:\n    {tree}\n")
+    with pytest.raises(ValueError, match=message):
+        Decider(load_config(p, env={}))
+
+
+def test_a_float_scale_scorer_under_a_threshold_is_a_service_tree(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("scorers:\n  t:\n    type: threshold\n    threshold: 0.5\n"
+                 "    scorer: {type: plagiarism, reference_text: the quick brown fox}\n")
+    assert set(Decider(load_config(p, env={})).trees) == {"t"}
