@@ -277,9 +277,11 @@ def test_demo_without_its_services_says_so_in_one_line() -> None:
          r"scorers\.t.*\['aggregator', 'scorers'\] do\(es\) not apply to type 'otel_tool_call'"),
         ("type: inverter\n    scorer: {type: otel_tool_call}\n    scorers: [{type: otel_tool_call}]",
          r"\['scorers'\] do\(es\) not apply to type 'inverter'"),
-        ("type: substring\n    substring: x\n    threshold: 7", r"\['threshold'\] do\(es\) not apply to type 'substring'"),
+        ("type: substring\n    substring: x\n    threshold: 7",
+         r"\['threshold'\] do\(es\) not apply to type 'substring'"),
         # a float-scale root was published as TRUE whatever its value
-        ("type: plagiarism\n    reference_text: the quick brown fox", r"scorers\.t: a service tree's root must be true/false"),
+        ("type: plagiarism\n    reference_text: the quick brown fox",
+         r"scorers\.t: a service tree's root must be true/false"),
     ],
 )
 def test_trees_that_would_run_as_something_else_are_refused(tmp_path: Path, tree: str, message: str) -> None:
