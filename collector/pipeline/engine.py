@@ -229,6 +229,15 @@ class Engine:
         # A span that broke the completion claim after this evaluation (applied by a batch while
         # the sweeper decided, or by another instance): re-judged as a revision.
         self.contradicted.update(await self.store.settle(decided, finished, now_ms, reclaim, seen))
+        # A revision to UNDETERMINED before the deadline was judged as not final: at the deadline a
+        # fallback tree may answer (as it would have, had the same spans come after it).
+        await self.store.rearm_deadlines(
+            [
+                o.expectation
+                for o, d in zip(outcomes, decisions, strict=True)
+                if d.won and o.version > 1 and o.verdict is Verdict.UNDETERMINED and o.expectation.deadline_ms > now_ms
+            ]
+        )
         # Lost to a decision this evaluation contradicts (new evidence arrived between that decision
         # and its settle, so the trace's decided set did not know it yet): revise it. A FALSE, or a
         # TRUE when this evaluation's FALSE rests on presence alone (incomplete coverage: no later

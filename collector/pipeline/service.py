@@ -307,11 +307,15 @@ class ToolwitnessService:
         deadlines = await self.store.claim_due(k.deadlines, now, lease_until=now + lease)
         waiting = await self.store.claim_due(k.await_watermark, watermark, lease_until=watermark + lease)
         unpublished = await self.store.claim_due(k.unpublished, now - 2000, lease_until=now + lease)
+        rejudge = await self.store.claim_due(k.revision_deadlines, now, lease_until=now + lease)
         try:
             work = Work()
             for tenant, ident in deadlines:
                 work.final.add((tenant, ident))
                 work.pending[(tenant, ident)] = "deadline"
+            for key in rejudge:  # decided, revised to UNDETERMINED before the deadline: judged as final
+                work.final.add(key)
+                work.revisions.add(key)
             for tenant, ident in waiting:
                 if ident.startswith(SESSION_WAIT):
                     work.add(tenant, await self.store.session_pending(tenant, ident[len(SESSION_WAIT) :]), "watermark")
@@ -336,10 +340,12 @@ class ToolwitnessService:
             await self.store.unclaim(k.deadlines, deadlines, now)
             await self.store.unclaim(k.await_watermark, waiting, watermark)
             await self.store.unclaim(k.unpublished, unpublished, now)
+            await self.store.unclaim(k.revision_deadlines, rejudge, now)
             raise
         await self.store.release(k.deadlines, deadlines, now + lease)
         await self.store.release(k.await_watermark, waiting, watermark + lease)
         await self.store.release(k.unpublished, unpublished, now + lease)
+        await self.store.release(k.revision_deadlines, rejudge, now + lease)
         return len(published)
 
     async def shutdown(self) -> None:

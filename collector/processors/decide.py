@@ -291,7 +291,9 @@ class Decider:
     async def needs_completion(self, exp: RegisteredExpectation, observation: Observation, verdict: Verdict) -> bool:
         """Whether ``verdict`` rests on the observation's complete coverage: judged again as if
         coverage were incomplete, it is not the same (e.g. "never ran", max_count). A verdict
-        decided on incomplete coverage rests on evidence alone (monotonicity)."""
+        decided on incomplete coverage rests on evidence alone (monotonicity), or on a fallback
+        at the deadline: final, as DESIGN's Finality has it (only a broken completion claim
+        revises a score)."""
         if verdict is Verdict.UNDETERMINED or not observation.coverage.complete:
             return False
         partial = observation.model_copy(update={"coverage": _incomplete(frozenset({LATE_SPAN}))})

@@ -71,6 +71,9 @@ class Keys:
     def __init__(self, prefix: str = "tw") -> None:
         self.p = prefix
         self.deadlines = f"{prefix}:deadlines"
+        #: decided expectations whose revision to UNDETERMINED came before their deadline: judged
+        #: again at the deadline (a fallback tree answers only then)
+        self.revision_deadlines = f"{prefix}:rev_deadlines"
         self.await_watermark = f"{prefix}:await_wm"
         self.unpublished = f"{prefix}:unpub"
         self.epoch = f"{prefix}:epoch"
@@ -465,6 +468,12 @@ class TraceStateStore:
             pipe.smembers(self.k.session_pending(tenant, session_id))
             raw = await pipe.execute()
         return sorted(_s(x) for x in raw[1])
+
+    async def rearm_deadlines(self, exps: Sequence[RegisteredExpectation]) -> None:
+        """Judge these decided expectations again at their deadline (see ``Keys.revision_deadlines``)."""
+        if exps:
+            await self.redis.zadd(self.k.revision_deadlines, {member(e.tenant, e.expectation_id): e.deadline_ms
+                                                              for e in exps})
 
     async def undecided(self, tenant: str, expectation_id: str) -> bool:
         """Registered and neither decided nor cancelled (it still has a deadline entry)."""

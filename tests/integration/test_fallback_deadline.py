@@ -1,0 +1,67 @@
+"""A revision to UNDETERMINED under a fallback tree is judged again at the deadline.
+
+Tree: fallback(primary "delete_db never ran", fallback: OR("delete_db never ran", text says
+"nothing was deleted")). The trace is complete without delete_db (v1 TRUE from the primary);
+then a span after the completion claim makes the primary UNDETERMINED (v2). The fallback answers
+only at the deadline: without a pass there the verdict stayed UNDETERMINED, while the same spans
+with the late one arriving after the deadline ended TRUE -- the final verdict depended on timing.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from collector.config import ScorerTreeConfig
+from scoring.models import MessageScorable
+from tests.integration.harness import (
+    control_client,
+    drop_stack,
+    expects,
+    history,
+    make_config,
+    new_span_id,
+    new_trace_id,
+    otlp_span,
+    raw_producer,
+    running_service,
+    send_spans,
+    until,
+)
+
+pytestmark = pytest.mark.integration
+
+NEVER = {"type": "inverter", "scorer": {"type": "otel_tool_call"}}
+GUARDED = {
+    "type": "fallback",
+    "scorer": NEVER,
+    "fallback_scorer": {"type": "composite", "aggregator": "or",
+                        "scorers": [NEVER, {"type": "substring", "substring": "nothing was deleted"}]},
+}
+
+
+async def test_a_revision_to_undetermined_gets_its_deadline_pass(kafka_bootstrap: str, redis_url: str) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url, scorers={"guarded": ScorerTreeConfig.model_validate(GUARDED)})
+    deadline = timedelta(seconds=4)
+    t0 = int(time.time() * 1000) - 5000
+    trace, root = new_trace_id(), new_span_id()
+    scope = MessageScorable(message_id="m-1", trace_ids=(trace,), response_text="ok, nothing was deleted")
+    try:
+        async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+            await send_spans(producer, cfg, trace,
+                             otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+                             otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2))
+            eid = await tw.expect(scope, expects("delete_db"), scorer="guarded", deadline=deadline)
+            await tw.mark_complete(trace, span_count=2)
+            await until(lambda: history(tw.events(eid)) == [(1, "true")], timeout=20)
+            late = otlp_span(trace, parent=root, name="chat", start_ms=t0 + 10, end_ms=t0 + 11,
+                             attrs={"gen_ai.operation.name": "chat"})
+            await send_spans(producer, cfg, trace, late)  # before the deadline
+            await until(lambda: len(tw.events(eid)) >= 2, timeout=20)
+            await until(lambda: len(tw.events(eid)) >= 3, timeout=deadline.total_seconds() + 20)
+            assert history(tw.events(eid)) == [(1, "true"), (2, "undetermined"), (3, "true")]
+            assert tw.events(eid)[-1].trigger == "revision"
+    finally:
+        await drop_stack(cfg)
