@@ -592,6 +592,17 @@ def test_the_traces_of_an_unread_json_record_are_read_from_its_json() -> None:
     assert record_traces(b"{not json", [], cfg) == set()
 
 
+def _kept_and_rejected(
+    decode: str, value: bytes, cfg: ServiceConfig
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, str]]]:
+    """(tenant, trace) of the kept spans and the rejections, by the fused or the general decoder."""
+    if decode == "fast":
+        out = decode_span_facts(value, [], cfg, 1024)
+        return [(t, trace) for t, trace, _, _ in out.facts], out.rejected
+    general = decode_span_record(value, [], cfg)
+    return [(t, span.trace_id) for t, span in general.spans], general.rejected
+
+
 @pytest.mark.parametrize("decode", ["fast", "general"])
 def test_a_resource_naming_an_invalid_tenant_costs_only_its_own_spans(decode: str) -> None:
     req = ExportTraceServiceRequest()
@@ -602,14 +613,7 @@ def test_a_resource_naming_an_invalid_tenant_costs_only_its_own_spans(decode: st
             trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), start_time_unix_nano=1, end_time_unix_nano=2
         )
     value, cfg = req.SerializeToString(), config()
-    if decode == "fast":
-        out = decode_span_facts(value, [], cfg, 1024)
-        kept = [(t, trace) for t, trace, _, _ in out.facts]
-        rejected = out.rejected
-    else:
-        general = decode_span_record(value, [], cfg)
-        kept = [(t, span.trace_id) for t, span in general.spans]
-        rejected = general.rejected
+    kept, rejected = _kept_and_rejected(decode, value, cfg)
     assert kept == [("acme", bytes(range(1, 17)).hex())]
     assert [(t, trace, reason) for t, trace, reason, _ in rejected] == [("", "", "invalid_tenant")]
     only_bad = ExportTraceServiceRequest(resource_spans=[req.resource_spans[1]]).SerializeToString()
@@ -619,9 +623,7 @@ def test_a_resource_naming_an_invalid_tenant_costs_only_its_own_spans(decode: st
 
 @pytest.mark.parametrize("decode", ["fast", "general"])
 def test_an_otlp_json_span_with_an_id_that_is_not_hex_costs_only_that_span(decode: str) -> None:
-    cfg = ServiceConfig.model_validate(
-        {**config().model_dump(), "kafka": {**config().kafka.model_dump(), "encoding": "otlp_json"}}
-    )
+    cfg = config(encoding="otlp_json")
     good, bad = "0af7651916cd43dd8448eb211c80319c", "1bf7651916cd43dd8448eb211c80319d"
     doc = {
         "resourceSpans": [
@@ -641,14 +643,7 @@ def test_an_otlp_json_span_with_an_id_that_is_not_hex_costs_only_that_span(decod
         ]
     }
     value = json.dumps(doc).encode()
-    if decode == "fast":
-        out = decode_span_facts(value, [], cfg, 1024)
-        kept = [(t, trace) for t, trace, _, _ in out.facts]
-        rejected = out.rejected
-    else:
-        general = decode_span_record(value, [], cfg)
-        kept = [(t, span.trace_id) for t, span in general.spans]
-        rejected = general.rejected
+    kept, rejected = _kept_and_rejected(decode, value, cfg)
     assert kept == [("acme", good)]
     assert [(t, trace, reason) for t, trace, reason, _ in rejected] == [("acme", bad, "invalid_id")] * 2
     assert "spanId is not hex: 'not hex'" in rejected[0][3]
