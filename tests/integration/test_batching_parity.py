@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
+from scoring.models.evidence import CaptureState
 from tests.integration.harness import (
     TOOL_TREES,
     control_client,
@@ -33,6 +35,7 @@ from tests.integration.harness import (
     otlp_span,
     raw_producer,
     running_service,
+    until,
     verdict,
 )
 
@@ -212,3 +215,43 @@ async def test_a_copy_the_agent_flagged_cut_and_one_the_service_cut_differ(
         await tw.mark_complete(trace, span_count=2)
         ev = await tw.wait_for(ident, timeout=30)
     assert verdict(ev) == "undetermined", (ev.rationale, list(ev.coverage.reasons))
+
+
+async def test_a_cut_span_replayed_by_a_service_that_keeps_hex_runs_after_the_cut_is_a_replay(
+    kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A span whose arguments the service cut was stored by a version that kept no hex runs after
+    # the cut; replayed (same span, same arguments) by one that does, its kept text differs. Its
+    # digest is the same: a replay, not conflicting evidence (which would make absence unprovable).
+    from collector.processors import normalize
+
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
+    trace, root, tool_id = new_trace_id(), new_span_id(), new_span_id()
+    t0 = int(time.time() * 1000) - 5_000
+    args = json.dumps({"pad": "x" * 2000, "ref": "3f9a0c1e5b7d2468ace0"})
+    tool = otlp_span(trace, span_id=tool_id, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2,
+                     attrs={"gen_ai.tool.call.arguments": args})
+    agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
+    tokens = normalize.canary_tokens
+    async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+
+        async def applied() -> int:
+            raw = await service.redis.get(service.store.k.state("default", trace))
+            return 0 if raw is None else int(json.loads(raw)["n"])
+
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete"), deadline=timedelta(seconds=20))
+        monkeypatch.setattr(normalize, "canary_tokens", lambda *a, **k: ())  # the earlier version
+        await producer.send_and_wait(cfg.kafka.topics.spans, otlp_request([agent, tool]).SerializeToString(),
+                                     key=trace.encode())
+        await until(lambda: _at_least(applied(), 2))
+        monkeypatch.setattr(normalize, "canary_tokens", tokens)
+        assert normalize.cap_arguments(args, CaptureState.CAPTURED, 1024)[0] != args.encode()[:1024].decode()
+        await producer.send_and_wait(cfg.kafka.topics.spans, otlp_request([tool]).SerializeToString(),
+                                     key=trace.encode())
+        await tw.mark_complete(trace, span_count=2)
+        ev = await tw.wait_for(ident, timeout=30)
+    assert verdict(ev) == "false", (ev.rationale, list(ev.coverage.reasons))
+
+
+async def _at_least(value: Awaitable[int], n: int) -> bool:
+    return await value >= n
