@@ -199,7 +199,9 @@ class ScorerTreeConfig(_Section):
     def _keys_of_its_type(self) -> ScorerTreeConfig:
         """A key another type takes is a mistake (an otel_tool_call node with ``scorers`` ran as a
         bare tool scorer, its other criteria gone)."""
-        misplaced = keys_not_for(self.type, self.model_fields_set)
+        fields = type(self).model_fields
+        given = {k for k in self.model_fields_set if getattr(self, k) != fields[k].get_default()}  # dumps set all
+        misplaced = keys_not_for(self.type, given)
         if misplaced:
             takes = ", ".join(sorted(TREE_KEYS_BY_TYPE[self.type])) or "no other key"
             raise ValueError(f"{misplaced} do(es) not apply to type {self.type!r} (it takes: {takes})")

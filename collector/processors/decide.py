@@ -93,7 +93,7 @@ def _cut_arguments(e: ToolExecution, max_chars: int) -> ToolExecution:
 
 def build_tree(cfg: ScorerTreeConfig, path: str = "scorers") -> Scorer:
     """Build a configured scorer tree (the scoring library's builder); errors name the config path."""
-    tree = build_scorer_tree(cfg.model_dump(mode="json", exclude_none=True, exclude_unset=True), path=path)
+    tree = build_scorer_tree(cfg.model_dump(mode="json", exclude_none=True, exclude_defaults=True), path=path)
     if not isinstance(tree, TrueFalseScorer):
         # A score event is TRUE / FALSE / UNDETERMINED: a float value (0.0 included) has no place in it.
         raise ScorerTreeConfigError(

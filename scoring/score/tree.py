@@ -109,7 +109,8 @@ def build_scorer_tree(
     unknown = sorted(set(config) - _TREE_KEYS)
     if unknown:
         raise ScorerTreeConfigError(f"{path}: unknown key(s) {unknown} for a scorer tree node")
-    misplaced = keys_not_for(kind, (k for k, v in config.items() if v is not None))
+    # a key left at its empty default (a dumped config has them all) says nothing
+    misplaced = keys_not_for(kind, (k for k, v in config.items() if v is not None and v is not False and v != []))
     if misplaced:
         takes = ", ".join(sorted(TREE_KEYS_BY_TYPE[kind])) or "no other key"
         raise ScorerTreeConfigError(f"{path}: {misplaced} do(es) not apply to type {kind!r} (it takes: {takes})")

@@ -296,3 +296,22 @@ def test_a_float_scale_scorer_under_a_threshold_is_a_service_tree(tmp_path: Path
     p.write_text("scorers:\n  t:\n    type: threshold\n    threshold: 0.5\n"
                  "    scorer: {type: plagiarism, reference_text: the quick brown fox}\n")
     assert set(Decider(load_config(p, env={})).trees) == {"t"}
+
+
+def test_the_effective_config_validate_config_prints_loads_again(tmp_path: Path) -> None:
+    """A dumped config sets every key of every tree node (the bench and the chart round-trip
+    configs): keys left at their defaults are not keys of another type."""
+    from typer.testing import CliRunner
+
+    from collector.cli import app
+
+    p = tmp_path / "c.yaml"
+    p.write_text("scorers:\n  t:\n    type: composite\n    aggregator: and\n"
+                 "    scorers: [{type: otel_tool_call}, {type: substring, substring: done}]\n")
+    first = CliRunner().invoke(app, ["validate-config", "--config", str(p)])
+    assert first.exit_code == 0, first.output
+    again = tmp_path / "effective.json"
+    again.write_text(first.output)
+    second = CliRunner().invoke(app, ["validate-config", "--config", str(again)])
+    assert second.exit_code == 0, second.output
+    assert set(Decider(load_config(again, env={})).trees) == {"t"}
