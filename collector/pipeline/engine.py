@@ -57,6 +57,10 @@ def _watches(verdict: str, version: int) -> bool:
     return verdict in _DECIDED or version > 1
 
 
+#: how long the sweeper leaves a contradicted decision to the batch that found it (see note_contradicted)
+REJUDGE_GRACE_MS = 5000
+
+
 class Engine:
     name = "pipeline/engine"
 
@@ -228,7 +232,7 @@ class Engine:
         }
         # A span that broke the completion claim after this evaluation (applied by a batch while
         # the sweeper decided, or by another instance): re-judged as a revision.
-        self.contradicted.update(await self.store.settle(decided, finished, now_ms, reclaim, seen))
+        contradicted = set(await self.store.settle(decided, finished, now_ms, reclaim, seen))
         # A revision to UNDETERMINED before the deadline was judged as not final: at the deadline a
         # fallback tree may answer (as it would have, had the same spans come after it).
         await self.store.rearm_deadlines(
@@ -248,7 +252,8 @@ class Engine:
             if (d.verdict == Verdict.FALSE.value and o.verdict is not Verdict.FALSE) or (
                 d.verdict == Verdict.TRUE.value and o.verdict is Verdict.FALSE and not o.observation.coverage.complete
             ):
-                self.contradicted.add((o.expectation.tenant, o.expectation.expectation_id))
+                contradicted.add((o.expectation.tenant, o.expectation.expectation_id))
+        await self.note_contradicted(contradicted, now_ms)
         sent: list[Published] = []
         for o, d in zip(outcomes, decisions, strict=True):
             exp = o.expectation
@@ -262,6 +267,15 @@ class Engine:
                 RESENT.labels(self.name).inc()
         return sent
 
+    async def note_contradicted(self, keys: Iterable[Key], now_ms: int) -> None:
+        """Decisions later evidence contradicts: re-judged after this batch (``contradicted``), and
+        by the sweeper after ``REJUDGE_GRACE_MS`` should this process die first (then a no-op
+        if the revision was made)."""
+        keys = set(keys)
+        if keys:
+            await self.store.rejudge_at(keys, now_ms + REJUDGE_GRACE_MS)
+            self.contradicted.update(keys)
+
     async def republish(self, tenant: str, expectation_id: str) -> Published | None:
         """Sweeper: re-send a decided-but-unpublished decision exactly as stored, and settle it
         (idempotent): one whose process died between its compare-and-set and its settle was
@@ -273,7 +287,8 @@ class Engine:
         if exp is not None:
             watch = _watches(d.verdict, d.version)
             now_ms = int(datetime.now(UTC).timestamp() * 1000)
-            self.contradicted.update(await self.store.settle([exp] if watch else [], [] if watch else [exp], now_ms))
+            late = await self.store.settle([exp] if watch else [], [] if watch else [exp], now_ms)
+            await self.note_contradicted(late, now_ms)
         await self.exporter.send_observation(decode_observation(d.observation).observation_id, d.observation)
         await self.exporter.send_score(tenant, expectation_id, d.event)
         RESENT.labels(self.name).inc()

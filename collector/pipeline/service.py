@@ -308,6 +308,7 @@ class ToolwitnessService:
         waiting = await self.store.claim_due(k.await_watermark, watermark, lease_until=watermark + lease)
         unpublished = await self.store.claim_due(k.unpublished, now - 2000, lease_until=now + lease)
         rejudge = await self.store.claim_due(k.revision_deadlines, now, lease_until=now + lease)
+        contradicted = await self.store.claim_due(k.rejudge, now, lease_until=now + lease)
         try:
             work = Work()
             for tenant, ident in deadlines:
@@ -316,13 +317,14 @@ class ToolwitnessService:
             for key in rejudge:  # decided, revised to UNDETERMINED before the deadline: judged as final
                 work.final.add(key)
                 work.revisions.add(key)
+            work.revisions.update(contradicted)  # left by a process that died before re-judging them
             for tenant, ident in waiting:
                 if ident.startswith(SESSION_WAIT):
                     work.add(tenant, await self.store.session_pending(tenant, ident[len(SESSION_WAIT) :]), "watermark")
                 else:
                     work.add(tenant, await self.store.trace_pending(tenant, ident), "watermark")
             published = []
-            if work.pending or work.final:
+            if work.pending or work.final or work.revisions:
                 outcomes = await self.engine.evaluate(work, watermark)
                 published.extend(await self.engine.decide_and_send(outcomes))
             if self.engine.contradicted:  # also on a quiet pipeline, where no batch would
@@ -341,11 +343,13 @@ class ToolwitnessService:
             await self.store.unclaim(k.await_watermark, waiting, watermark)
             await self.store.unclaim(k.unpublished, unpublished, now)
             await self.store.unclaim(k.revision_deadlines, rejudge, now)
+            await self.store.unclaim(k.rejudge, contradicted, now)
             raise
         await self.store.release(k.deadlines, deadlines, now + lease)
         await self.store.release(k.await_watermark, waiting, watermark + lease)
         await self.store.release(k.unpublished, unpublished, now + lease)
         await self.store.release(k.revision_deadlines, rejudge, now + lease)
+        await self.store.release(k.rejudge, contradicted, now + lease)
         return len(published)
 
     async def shutdown(self) -> None:

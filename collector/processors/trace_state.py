@@ -74,6 +74,9 @@ class Keys:
         #: decided expectations whose revision to UNDETERMINED came before their deadline: judged
         #: again at the deadline (a fallback tree answers only then)
         self.revision_deadlines = f"{prefix}:rev_deadlines"
+        #: decisions later evidence contradicts, to re-judge: kept here too (not only in memory) so a
+        #: crash before the re-judgement does not lose it (the applied spans would not say so again)
+        self.rejudge = f"{prefix}:rejudge"
         self.await_watermark = f"{prefix}:await_wm"
         self.unpublished = f"{prefix}:unpub"
         self.epoch = f"{prefix}:epoch"
@@ -474,6 +477,12 @@ class TraceStateStore:
         if exps:
             await self.redis.zadd(self.k.revision_deadlines, {member(e.tenant, e.expectation_id): e.deadline_ms
                                                               for e in exps})
+
+    async def rejudge_at(self, keys: Iterable[tuple[str, str]], at_ms: int) -> None:
+        """Have the sweeper re-judge these decisions (as revisions) from ``at_ms`` on."""
+        members = {member(t, i): at_ms for t, i in keys}
+        if members:
+            await self.redis.zadd(self.k.rejudge, members)
 
     async def undecided(self, tenant: str, expectation_id: str) -> bool:
         """Registered and neither decided nor cancelled (it still has a deadline entry)."""

@@ -1,4 +1,6 @@
-"""A revision to UNDETERMINED under a fallback tree is judged again at the deadline.
+"""Decisions judged again later by the sweeper: at the deadline, or after a dead process.
+
+A revision to UNDETERMINED under a fallback tree is judged again at the deadline.
 
 Tree: fallback(primary "delete_db never ran", fallback: OR("delete_db never ran", text says
 "nothing was deleted")). The trace is complete without delete_db (v1 TRUE from the primary);
@@ -15,7 +17,7 @@ from datetime import timedelta
 import pytest
 
 from collector.config import ScorerTreeConfig
-from scoring.models import MessageScorable
+from scoring.models import MessageScorable, TraceScorable
 from tests.integration.harness import (
     control_client,
     drop_stack,
@@ -24,6 +26,7 @@ from tests.integration.harness import (
     make_config,
     new_span_id,
     new_trace_id,
+    otlp_request,
     otlp_span,
     raw_producer,
     running_service,
@@ -63,5 +66,39 @@ async def test_a_revision_to_undetermined_gets_its_deadline_pass(kafka_bootstrap
             await until(lambda: len(tw.events(eid)) >= 3, timeout=deadline.total_seconds() + 20)
             assert history(tw.events(eid)) == [(1, "true"), (2, "undetermined"), (3, "true")]
             assert tw.events(eid)[-1].trigger == "revision"
+    finally:
+        await drop_stack(cfg)
+
+
+async def test_a_contradiction_a_dead_process_left_is_rejudged_by_the_sweeper(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    """A late span contradicts a decided FALSE; the process that applied it dies before re-judging
+    (its in-memory list is gone, and a replay re-applies the span as a no-op: nothing says so
+    again). What it recorded in Redis has the sweeper revise the FALSE."""
+    from collector.receivers.decode import decode_span_facts
+
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000) - 5000
+    trace, root = new_trace_id(), new_span_id()
+    try:
+        async with running_service(cfg) as service, control_client(cfg) as tw, raw_producer(cfg) as producer:
+            await send_spans(producer, cfg, trace, otlp_span(trace, span_id=root, name="agent", start_ms=t0,
+                                                             end_ms=t0 + 50))
+            eid = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("search"), deadline=timedelta(seconds=60))
+            await tw.mark_complete(trace, span_count=1)
+            await until(lambda: history(tw.events(eid)) == [(1, "false")], timeout=20)
+            # the late span, applied as the dead process did: state written, no re-judgement made
+            late = otlp_request([otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2)])
+            facts = decode_span_facts(late.SerializeToString(), [], cfg, cfg.limits.max_argument_bytes).facts
+            async with service.batch_lock:
+                applied = await service.store.apply({("default", trace): [f for _, _, f, _ in facts]}, 0)
+            assert applied[("default", trace)].decided == [eid]  # what the batch would have re-judged
+            await service.sweep()
+            assert history(tw.events(eid)) == [(1, "false")]  # nothing else knows
+            await service.store.rejudge_at({("default", eid)}, int(time.time() * 1000))
+            await service.sweep()
+            await until(lambda: len(tw.events(eid)) >= 2, timeout=20)
+            assert history(tw.events(eid)) == [(1, "false"), (2, "true")]
     finally:
         await drop_stack(cfg)

@@ -130,6 +130,14 @@ async def test_losing_to_a_false_with_contradicting_evidence_asks_for_a_revision
         async def settle(self, *args: Any) -> list[tuple[str, str]]:
             return []
 
+        async def rejudge_at(self, keys: Any, at_ms: int) -> None:
+            persisted.update(keys)
+
+        async def rearm_deadlines(self, exps: Any) -> None:
+            assert not exps
+
+    persisted: set[tuple[str, str]] = set()
+
     class Exporter:
         async def send_observation(self, *args: Any) -> None:
             return None
@@ -148,6 +156,7 @@ async def test_losing_to_a_false_with_contradicting_evidence_asks_for_a_revision
     assert out.verdict is Verdict.TRUE
     await engine.decide_and_send([out])
     assert engine.contradicted == {(TENANT, "ran")}
+    assert persisted == {(TENANT, "ran")}  # for the sweeper too, should this process die first
 
 
 @pytest.mark.parametrize("long_text", ["name", "call_id", "canary"])
