@@ -40,7 +40,7 @@ from scoring.models.score import MetadataValue, Score
 from scoring.models.status import Verdict
 from scoring.score.base import ScoringContext, TrueFalseScorer
 from scoring.score.trace_scorer import resolve_message_text, resolve_message_traces, untraced_requests
-from scoring.verdict.conditions import Evidence, judge_all
+from scoring.verdict.conditions import Evidence, judge, judge_all
 
 __all__ = ["StreamingToolScorer", "verdict_of_event"]
 
@@ -152,8 +152,9 @@ class StreamingToolScorer(TrueFalseScorer):
         if self._save and context.memory is not None:
             await self._save_observations(context, observation_ids)
         verdict, rationale = verdict_of_event(event), event.rationale
-        if untraced and event.coverage.complete:
-            verdict, rationale = await self._rejudge_with_gap(expectation, observation_ids, untraced, context)
+        if untraced and event.coverage.complete and verdict is not Verdict.UNDETERMINED:
+            verdict, rationale = await self._with_gap(verdict, rationale, expectation, observation_ids, untraced,
+                                                      context)
         metadata: dict[str, MetadataValue] = {
             "expectation_id": eid,
             "version": event.version,
@@ -170,12 +171,20 @@ class StreamingToolScorer(TrueFalseScorer):
             )
         ]
 
-    async def _rejudge_with_gap(
-        self, expectation: ScoringExpectation, observation_ids: Sequence[str], untraced: int, context: ScoringContext
+    async def _with_gap(
+        self,
+        verdict: Verdict,
+        rationale: str,
+        expectation: ScoringExpectation,
+        observation_ids: Sequence[str],
+        untraced: int,
+        context: ScoringContext,
     ) -> tuple[Verdict, str]:
         """The service judged the linked traces as complete, but requests of the conversation have
-        no trace: judge its observation again as incomplete (a verdict that rests on absence is
-        not proven; one that presence proves stands). Unreadable: UNDETERMINED."""
+        no trace. Its verdict stands if the expectation's conditions, judged on its observation as
+        incomplete, are still decided (presence proves them: the service's tree over them gives
+        what it gave); else it may rest on absence, not proven: UNDETERMINED. Only ever that
+        downgrade: the conditions alone are not the service's tree (an inverter would flip)."""
         gap = f"{untraced} request(s) of this conversation have no trace"
         if len(observation_ids) == 1:
             oid = observation_ids[0]
@@ -186,8 +195,12 @@ class StreamingToolScorer(TrueFalseScorer):
                 except (TimeoutError, ValueError) as exc:
                     log.warning("observation %s could not be read back: %r", oid, exc)
             if observation is not None:
-                judgment = judge_all(expectation.conditions, Evidence.of(observation.with_gap(NO_TRACE_LINKED)))
-                return judgment.verdict, f"{judgment.rationale} ({gap})"
+                evidence = Evidence.of(observation.with_gap(NO_TRACE_LINKED))
+                judged = (judge(c, evidence) for c in expectation.conditions)
+                open_ = [j for j in judged if j.verdict is Verdict.UNDETERMINED]
+                if not open_:  # every condition decided on presence alone: so is any tree over them
+                    return verdict, rationale
+                return Verdict.UNDETERMINED, f"{'; '.join(j.rationale for j in open_)} ({gap})"
         return Verdict.UNDETERMINED, f"{gap}, and the evidence could not be judged again without them"
 
     async def _save_observations(self, context: ScoringContext, observation_ids: Sequence[str]) -> None:

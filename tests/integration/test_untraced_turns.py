@@ -19,7 +19,7 @@ from collector.boundary.streaming import StreamingToolScorer
 from scoring.memory import CentralMemory
 from scoring.models import MessagePiece, MessageScorable, ScoreStatus
 from scoring.setup import IN_MEMORY, initialize_pyrit_async
-from tests.integration.harness import control_client, expects, make_agent, make_config, running_service
+from tests.integration.harness import TOOL_TREES, control_client, expects, make_agent, make_config, running_service
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 async def test_an_untraced_request_keeps_the_stream_from_proving_absence(kafka_bootstrap: str, redis_url: str) -> None:
     await initialize_pyrit_async(memory_db_type=IN_MEMORY)
     memory = CentralMemory.get_memory_instance()
-    cfg = make_config(kafka_bootstrap, redis_url)
+    cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
     agent = make_agent(cfg)
     async with running_service(cfg), control_client(cfg) as tw:
         with agent.tracer.start_as_current_span("agent", context=Context()) as root:
@@ -50,9 +50,15 @@ async def test_an_untraced_request_keeps_the_stream_from_proving_absence(kafka_b
         scorable = MessageScorable.from_message(response)
         absent = (await scorer.score_async(scorable=scorable, expectation=expects("delete_files")))[0]
         present = (await scorer.score_async(scorable=scorable, expectation=expects("search")))[0]
+        # through an inverter tree ("... never ran"): presence still decides, absence does not
+        inverted = StreamingToolScorer(tw, scorer="not_tools", deadline=timedelta(seconds=20))
+        ran = (await inverted.score_async(scorable=scorable, expectation=expects("search")))[0]
+        never = (await inverted.score_async(scorable=scorable, expectation=expects("delete_files")))[0]
     agent.close()
     memory.dispose_engine()
     assert absent.status is ScoreStatus.UNDETERMINED, absent.rationale
     assert "1 request(s) of this conversation have no trace" in absent.rationale
     assert absent.metadata["coverage_complete"] is True  # the service's own view: turn 1's trace was complete
     assert present.get_value() is True, present.rationale
+    assert ran.get_value() is False, ran.rationale  # search ran: "never ran" is FALSE, not flipped
+    assert never.status is ScoreStatus.UNDETERMINED, never.rationale
