@@ -176,10 +176,11 @@ _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 
 
 def _needles(canary: str) -> tuple[str, ...]:
-    """What proves the canary: the whole canary, or its random part alone, in any letter case."""
-    core = _CANARY_CORE.search(canary)
-    whole = canary.casefold()
-    return (whole, core.group().casefold()) if core and core.group() != canary else (whole,)
+    """What proves the canary: the whole canary, or its random part alone, read as the arguments
+    are (``_plain``: any letter case, compatibility forms folded, invisible characters dropped)."""
+    whole = _plain(canary) or canary.casefold()  # a canary of invisible characters only: as it is
+    core = _CANARY_CORE.search(whole)
+    return (whole, core.group()) if core and core.group() != whole else (whole,)
 
 
 def _plain(text: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from opentelemetry.context import Context
@@ -547,6 +548,20 @@ NOT_IT: dict[str, str] = {
     "reversed": SERVICE_CANARY[::-1],
     "prefix-only": "tw-canary-",
 }
+# A canary of the user's own with characters outside ASCII, re-encoded on the way: the canary is
+# read as the arguments are (a needle only case-folded was not found in the folded readings).
+for name, canary in {"variation-selector": "done\u2714\ufe0f-7f3a9c", "full-width": "canary-\uff11\uff12\uff13",
+                     "lrm": "canary\u200e-abc123"}.items():
+    for how, text in {"percent": quote(canary), "base64": base64.b64encode(f"see {canary}".encode()).decode(),
+                      "upper": canary.upper()}.items():
+        PAYLOAD_CASES.append(
+            (
+                f"non-ascii-{name}-{how}",
+                PayloadPropagated(canaries=(canary,)),
+                ev(delivery(canary), ex("post", 2, args={"body": text}), complete=True),
+                T,
+            )
+        )
 for name, text in REENCODED.items():
     PAYLOAD_CASES.append(
         (
