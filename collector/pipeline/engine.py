@@ -199,6 +199,17 @@ class Engine:
             )
             for o in outcomes
         ]
+        # A revision to UNDETERMINED before the deadline is judged as not final: at the deadline a
+        # fallback tree may answer (as it would have, had the same spans come after it). Noted
+        # before the compare-and-set: a failure after it would lose the note (a replay does not
+        # find the late span again); a lost compare-and-set makes it a no-op re-judgement.
+        await self.store.rearm_deadlines(
+            [
+                o.expectation
+                for o in outcomes
+                if o.version > 1 and o.verdict is Verdict.UNDETERMINED and o.expectation.deadline_ms > now_ms
+            ]
+        )
         decisions = await self.store.decide_many(requests)
         decided: list[RegisteredExpectation] = []
         finished: list[RegisteredExpectation] = []
@@ -233,15 +244,6 @@ class Engine:
         # A span that broke the completion claim after this evaluation (applied by a batch while
         # the sweeper decided, or by another instance): re-judged as a revision.
         contradicted = set(await self.store.settle(decided, finished, now_ms, reclaim, seen))
-        # A revision to UNDETERMINED before the deadline was judged as not final: at the deadline a
-        # fallback tree may answer (as it would have, had the same spans come after it).
-        await self.store.rearm_deadlines(
-            [
-                o.expectation
-                for o, d in zip(outcomes, decisions, strict=True)
-                if d.won and o.version > 1 and o.verdict is Verdict.UNDETERMINED and o.expectation.deadline_ms > now_ms
-            ]
-        )
         # Lost to a decision this evaluation contradicts (new evidence arrived between that decision
         # and its settle, so the trace's decided set did not know it yet): revise it. A FALSE, or a
         # TRUE when this evaluation's FALSE rests on presence alone (incomplete coverage: no later
