@@ -623,10 +623,11 @@ def make_tool_middleware(
             target = _target(os.environ, None, None, None, None)
         except Exception as exc:
             problem = str(exc) or type(exc).__name__
+        # Read before this call's own span becomes the current one.
+        cid = _enclosing_call_id(name) or f"call_{uuid.uuid4().hex}"
         # The span is open while the tool runs: its times are the tool's, and the tools it calls
         # are its children (not siblings recorded after it, in the order they finished).
         with span_cm as span:
-            cid = _enclosing_call_id(name) or f"call_{uuid.uuid4().hex}"
             _safe_record_call(span, name, cid, args, sid, pol, inexact)
             if problem:
                 log.warning("%s: tool call traced, not offered for poisoning: %s", COMPONENT, problem, extra=_EXTRA)

@@ -169,3 +169,17 @@ async def test_a_session_that_cannot_be_read_costs_the_exchange_not_the_span(
     facts = normalize_span(from_readable_span(span))
     assert facts.execution is not None and facts.execution.name == "clock"
     assert (span.attributes or {})["toolwitness.tool.intercept.skipped"] == "invalid_call"
+
+
+async def test_inside_a_frameworks_tool_span_the_middleware_keeps_the_frameworks_call_id(
+    memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    tracer = provider.get_tracer("agent")
+    middleware = make_tool_middleware(dispatch, session_id="s", tracer=tracer)
+    framework = {"openinference.span.kind": "TOOL", "tool.name": "clock", "tool_call.id": "call_abc"}
+    with tracer.start_as_current_span("clock", attributes=framework):
+        await middleware("clock", {})
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "execute_tool clock"]
+    assert (span.attributes or {})["gen_ai.tool.call.id"] == "call_abc"
