@@ -100,8 +100,10 @@ def _answered(ids: list[str], results: list[TraceQueryResult]) -> list[TraceQuer
     did not answer for (a backend search returns the traces it found): a trace nobody reported
     on is evidence still missing, never a complete absence."""
     wanted = list(dict.fromkeys(ids))
-    answered = {r.trace_id for r in results}
+    # a result that does not name its trace answers for the traces of its spans
+    answered = {r.trace_id for r in results if r.trace_id} | {s.trace_id for r in results if not r.trace_id
+                                                              for s in r.spans}
     missing = [t for t in wanted if t not in answered]
-    if "" in answered:  # results that do not name their trace: only their number tells
+    if any(not r.trace_id and not r.spans for r in results):  # unnamed and empty: only their number tells
         missing = missing[: max(0, len(wanted) - len(results))]
     return [*results, *(TraceQueryResult(t, True, (), Coverage.incomplete(AWAITING_COMPLETION)) for t in missing)]

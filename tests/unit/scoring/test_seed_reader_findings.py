@@ -212,3 +212,25 @@ async def test_a_custom_target_with_a_tracer_captures_its_invocation(
     untraced = PromptSendingAttack(objective_target=LocalAgentTarget(),
                                    attack_scoring_config=AttackScoringConfig(objective_scorer=scorer))
     assert (await untraced.execute_async(objective="x", expectation=expects("my_tool_call"))).trace_ids == ()
+
+
+class _OneAnswerBackend:
+    """A client that answers a query with one unnamed result holding every trace's spans."""
+
+    def query(self, trace_ids: Sequence[str]) -> list[TraceQueryResult]:
+        spans = tuple(
+            NeutralSpan(trace_id=t, span_id=f"{i + 1:016x}", start_time_unix_nano=1, end_time_unix_nano=2,
+                        attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"})
+            for i, t in enumerate(trace_ids)
+        )
+        return [TraceQueryResult("", True, spans, Coverage.completed(CompletionSource.CALLER))]
+
+    def query_session(self, session_id: str) -> list[TraceQueryResult]:
+        return []
+
+
+async def test_one_unnamed_answer_for_every_trace_is_an_answer_for_each() -> None:
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=_OneAnswerBackend()))
+    scope = TraceScorable(trace_ids=("a" * 32, "b" * 32))
+    (score,) = await scorer.score_async(scorable=scope, expectation=expects("delete"))
+    assert score.status is not ScoreStatus.UNDETERMINED and score.get_value() is False, score.rationale
