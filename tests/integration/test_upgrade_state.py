@@ -35,16 +35,21 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("canary", [None, "tw-canary-0123456789abcdef0123"])
+@pytest.mark.parametrize(
+    ("canary", "cut"), [(None, False), ("tw-canary-0123456789abcdef0123", False), (None, True)]
+)
 async def test_a_span_stored_by_the_previous_version_and_delivered_again_is_a_replay(
-    kafka_bootstrap: str, redis_url: str, canary: str | None
+    kafka_bootstrap: str, redis_url: str, canary: str | None, cut: bool
 ) -> None:
-    # the previous version kept no delivered canary: a poisoned span's replay is no conflict either
+    # the previous version kept no delivered canary: a poisoned span's replay is no conflict either;
+    # nor kept hex runs after an argument cut (the kept text now goes on past the cut mark)
     cfg = make_config(kafka_bootstrap, redis_url, scorers=TOOL_TREES)
     trace, root, tool = new_trace_id(), new_span_id(), new_span_id()
     t0 = int(time.time() * 1000) - 5_000
     start_ns, end_ns = (t0 + 1) * 1_000_000, (t0 + 1) * 1_000_000 + 1_123_456
-    attrs = {"gen_ai.tool.call.arguments": '{"q": "x"}'}
+    args = json.dumps({"pad": "x" * 2000, "ref": "3f9a0c1e5b7d2468ace0"}) if cut else '{"q": "x"}'
+    kept, code = (args.encode()[:1024].decode(), 2) if cut else (args, 0)
+    attrs = {"gen_ai.tool.call.arguments": args}
     if canary:
         attrs["toolwitness.poisoning.canary"] = canary
     search = otlp_span(trace, span_id=tool, parent=root, tool="search", start_ms=0, end_ms=0, attrs=attrs)
@@ -52,7 +57,7 @@ async def test_a_span_stored_by_the_previous_version_and_delivered_again_is_a_re
     agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
     # what the previous version stored for these two spans (duration 1123 us)
     legacy = {
-        "x": [[short_id(tool.hex()), "search", 0, str(start_ns), 1123, 0, '{"q": "x"}']],
+        "x": [[short_id(tool.hex()), "search", 0, str(start_ns), 1123, code, kept]],
         "s": {short_id(root.hex()): 1, short_id(tool.hex()): 1},
         "re": t0 + 50,
         "mc": -1,
