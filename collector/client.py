@@ -44,6 +44,8 @@ from collector.config import KafkaConfig, KafkaSecurityConfig, TopicsConfig
 from collector.exporters.partition import KeyPartitioner
 from collector.wire.convert import (
     TENANT,
+    ControlDecodeError,
+    check_labels,
     decode_observation,
     decode_score_event,
     observation_from_proto,
@@ -346,6 +348,10 @@ def build_expectation(
         raise ValueError("expectation_id must not be empty")
     if deadline <= timedelta(0):
         raise ValueError(f"deadline must be positive, got {deadline}")
+    try:  # the service's bounds, here where the caller can still act on them
+        check_labels(labels or {})
+    except ControlDecodeError as exc:
+        raise ValueError(exc.detail) from None
     msg = control_pb2.Expectation(
         expectation_id=expectation_id,
         tenant=tenant,

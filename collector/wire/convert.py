@@ -248,7 +248,7 @@ def expectation_from_proto(
         if isinstance(exc, ControlDecodeError):
             raise
         raise ControlDecodeError("invalid_expectation", str(exc)[:300]) from None
-    labels = _labels(e.labels)
+    labels = check_labels(e.labels)
     if e.HasField("deadline"):
         d = e.deadline
         if abs(d.seconds) > MAX_DURATION_SECONDS or abs(d.nanos) > 999_999_999:
@@ -273,7 +273,7 @@ def expectation_from_proto(
 MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 32, 64, 256
 
 
-def _labels(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+def check_labels(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     if len(labels) > MAX_LABELS:
         raise ControlDecodeError("invalid_expectation", f"{len(labels)} labels; at most {MAX_LABELS}")
     for k, v in labels.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -20,12 +21,17 @@ async def test_metadata_values_are_json_text_not_python_reprs() -> None:
     assert all(v not in ("True", "False", "None") for v in meta.values()), meta
 
 
-def _registered(labels: dict[str, str]) -> RegisteredExpectation:
-    msg = build_expectation(
+def _message(labels: dict[str, str]) -> Any:
+    return build_expectation(
         expectation_id="e-labels", tenant="acme", scope=TraceScorable(trace_ids=(TRACE,)),
         expectation=ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="search"),)),)),
         labels=labels,
     )
+
+
+def _registered(labels: dict[str, str]) -> RegisteredExpectation:
+    msg = _message({})
+    msg.labels.update(labels)  # as any producer may send them (the client checks them first)
     return expectation_from_proto(msg, default_tenant="default", default_deadline_s=60, now_ms=1_700_000_000_000)
 
 
@@ -45,3 +51,9 @@ def test_an_expectation_without_labels_is_stored_as_before() -> None:
 def test_unbounded_labels_are_refused(labels: dict[str, str]) -> None:
     with pytest.raises(ControlDecodeError, match=r"invalid_expectation: .*label"):
         _registered(labels)
+
+
+def test_the_client_refuses_unbounded_labels_before_sending() -> None:
+    """The service dead-letters them; the caller would only see wait_for time out."""
+    with pytest.raises(ValueError, match="labels; at most 32"):
+        _message({f"k{i}": "v" for i in range(33)})
