@@ -90,7 +90,7 @@ class KafkaSecurityConfig(_Section):
 
 class KafkaConfig(_Section):
     #: host:port[,host:port...]
-    bootstrap_servers: str = Field(default="127.0.0.1:19092", pattern=r"^[^\s,]+:\d{1,5}(,[^\s,]+:\d{1,5})*$")
+    bootstrap_servers: str = Field(default="127.0.0.1:19092", pattern=r"^[^\s,]+:\d{1,5}(,\s*[^\s,]+:\d{1,5})*$")
     group_id: str = Field(default="toolwitness", min_length=1)
     client_id: str = Field(default="toolwitness", min_length=1)
     encoding: Literal["otlp_proto", "otlp_json"] = "otlp_proto"

@@ -224,9 +224,9 @@ def test_values_that_would_fail_only_at_run_time_are_refused_up_front(
 
 def test_usual_values_still_load(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
-    p.write_text("kafka:\n  bootstrap_servers: 'k1.example:9092,10.0.0.2:9093'\nredis:\n  url: 'rediss://h:6380/3'\n")
+    p.write_text("kafka:\n  bootstrap_servers: 'k1.example:9092, 10.0.0.2:9093'\nredis:\n  url: 'rediss://h:6380/3'\n")
     cfg = load_config(p, env={})
-    assert cfg.kafka.bootstrap_servers == "k1.example:9092,10.0.0.2:9093" and cfg.redis.url.endswith("/3")
+    assert cfg.kafka.bootstrap_servers == "k1.example:9092, 10.0.0.2:9093" and cfg.redis.url.endswith("/3")
 
 
 def _closed_port() -> int:
