@@ -161,6 +161,7 @@ class Checkpoint:
         applied = await self.store.apply(groups, watermark)
         TRACES_IN_STATE.labels(self.name).set(len(applied))
         sessions: list[tuple[str, str, str]] = []
+        touched: list[tuple[str, str]] = []  # sessions of traces (already linked) that gained spans
         waits: list[tuple[str, str, int]] = []
         lateness = self.cfg.completion.allowed_lateness_ms
         for (tenant, trace), r in applied.items():
@@ -170,11 +171,19 @@ class Checkpoint:
             if r.state is not None:
                 work.states[(tenant, trace)] = r.state
             sessions.extend((tenant, s, trace) for s in r.new_sessions)
+            touched.extend((tenant, s) for s in r.touched_sessions if s not in r.new_sessions)
             if r.root_end_ms and self.cfg.completion.mode == "inferred":
                 waits.append((tenant, trace, r.root_end_ms + lateness))
         pending, broken = await self.store.index_sessions(sessions, watermark)
         for (tenant, _session), ids in pending.items():
             work.add(tenant, ids, "span")
+        # A session's expectations are judged on all its traces: new spans on one may decide them
+        # (presence), or decide one a late trace had revised to UNDETERMINED.
+        touched_pending, touched_revise = await self.store.touched_sessions(touched)
+        for (tenant, _session), ids in touched_pending.items():
+            work.add(tenant, ids, "span")
+        for (tenant, _session), ids in touched_revise.items():
+            work.revisions.update((tenant, d) for d in ids)
         # sessions a trace joined after they were complete, and those of a trace that turned late
         broken += [(tenant, s) for (tenant, _t), r in applied.items() for s in r.late_sessions]
         for (tenant, _session), ids in (await self.store.revise_sessions(broken)).items():

@@ -178,6 +178,8 @@ class ApplyResult:
     state: TraceState | None
     #: the trace's sessions when it turned late: their decided expectations are revised too
     late_sessions: list[str] = field(default_factory=list)
+    #: the trace's sessions when it gained spans: their pending expectations are judged again
+    touched_sessions: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +321,7 @@ class TraceStateStore:
             new_sessions=list(d["sess"] or []),
             state=TraceState.from_json(r[1]) if r[1] else None,
             late_sessions=list(d.get("ls") or []),
+            touched_sessions=list(d.get("ts") or []),
         )
 
     async def index_sessions(
@@ -378,6 +381,31 @@ class TraceStateStore:
             list(d.get("sess") or []),
             list(d.get("ls") or []),
         )
+
+    async def touched_sessions(
+        self, items: Iterable[tuple[str, str]]
+    ) -> tuple[dict[tuple[str, str], list[str]], dict[tuple[str, str], list[str]]]:
+        """Sessions a trace of which gained spans: (their pending expectation ids, the decided ids
+        of those whose completeness a late trace broke already: a revision to UNDETERMINED there
+        is revised again when the new spans decide it)."""
+        items = sorted(set(items))
+        if not items:
+            return {}, {}
+        cmds = Commands()
+        for tenant, session in items:
+            cmds.add("SMEMBERS", self.k.session_pending(tenant, session))
+            cmds.add("EXISTS", self.k.session_late(tenant, session))
+            cmds.add("SMEMBERS", self.k.session_decided(tenant, session))
+        raw = await self._execute(cmds)
+        pending: dict[tuple[str, str], list[str]] = {}
+        revise: dict[tuple[str, str], list[str]] = {}
+        for i, key in enumerate(items):
+            pend, late, decided = raw[3 * i : 3 * i + 3]
+            if pend:
+                pending[key] = sorted(_s(x) for x in pend)
+            if int(late) and decided:
+                revise[key] = sorted(_s(x) for x in decided)
+        return pending, revise
 
     async def revise_sessions(self, items: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
         """Sessions whose completeness a late trace broke: flag them late and return their decided
@@ -687,8 +715,16 @@ class TraceStateStore:
         await self.redis.zadd(self.k.await_watermark, {member(t, tr): at for t, tr, at in items})
 
     async def trace_pending(self, tenant: str, trace_id: str) -> list[str]:
+        """The expectations judged on a trace: its own pending ones and its sessions' pending ones
+        (a count-less marker completing a trace of a session may decide the session's)."""
         raw = await self.redis.get(self.k.state(tenant, trace_id))
-        return sorted(json.loads(raw).get("pe") or {}) if raw is not None else []
+        if raw is None:
+            return []
+        d = json.loads(raw)
+        ids = set(d.get("pe") or {})
+        for session in d.get("ss") or {}:
+            ids.update(await self.session_pending(tenant, session))
+        return sorted(ids)
 
     async def unclaim(self, zset: str, items: Sequence[tuple[str, str]], score: int) -> None:
         """Put claimed items back (their handling failed)."""

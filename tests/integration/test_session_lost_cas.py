@@ -93,7 +93,20 @@ async def test_a_lost_compare_and_set_re_judges_a_session_decision_it_settles(
             return raw is not None and b"delete" in raw
 
         await until(delete_applied, timeout=20)
-        engine.contradicted.clear()
-        [lost] = await engine.evaluate(Work(pending={key: "watermark"}), wm)
-        await engine.decide_and_send([lost])
-        assert key in engine.contradicted  # the stored TRUE, judged on one trace, is judged again
+        # The retry: it judges two traces (FALSE) and loses the compare-and-set to the stored TRUE.
+        # (The batch that applied the span may have been first: it judges the session's pending
+        # expectations too, and loses the same way.) Either way the stored TRUE, judged on one
+        # trace, is judged again and revised.
+        async with service.batch_lock:
+            [lost] = await engine.evaluate(Work(pending={key: "watermark"}), wm)
+            await engine.decide_and_send([lost])
+            if engine.contradicted:
+                again = Work(revisions=set(engine.contradicted))
+                engine.contradicted.clear()
+                await engine.decide_and_send(await engine.evaluate(again, wm))
+
+        async def revised() -> bool:
+            d = await store.get_decision("default", ident)
+            return d is not None and d.verdict == "false" and d.version >= 2
+
+        await until(revised, timeout=20)

@@ -151,8 +151,11 @@ local dec = {}
 -- late: the trace's decided expectations are revised, and so are its sessions' (``ls``)
 local late_sessions = {}
 if st.l == 1 then dec = keys_of(st.de); late_sessions = keys_of(st.ss) end
+-- the trace's sessions when it gained spans: their expectations are judged on it too (``ts``)
+local touched = {}
+if added > 0 then touched = keys_of(st.ss) end
 local out_state = ''
 if #pend > 0 or #dec > 0 then out_state = encoded end
 -- The state goes back as its own reply element: not re-encoded (escaped) inside the summary.
 return {cjson.encode({new = added, ds = dropped_spans, dx = dropped_execs, n = st.n, late = st.l,
-  root_end = root_end, pend = pend, dec = dec, sess = new_sessions, ls = late_sessions}), out_state}
+  root_end = root_end, pend = pend, dec = dec, sess = new_sessions, ls = late_sessions, ts = touched}), out_state}
