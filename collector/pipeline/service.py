@@ -304,11 +304,19 @@ class ToolwitnessService:
         k = self.store.k
         watermark = await self.watermarks.global_watermark(now)
         lease = self.store.claim_lease_ms
-        deadlines = await self.store.claim_due(k.deadlines, now, lease_until=now + lease)
-        waiting = await self.store.claim_due(k.await_watermark, watermark, lease_until=watermark + lease)
-        unpublished = await self.store.claim_due(k.unpublished, now - 2000, lease_until=now + lease)
-        rejudge = await self.store.claim_due(k.revision_deadlines, now, lease_until=now + lease)
-        contradicted = await self.store.claim_due(k.rejudge, now, lease_until=now + lease)
+        #: (set, claimed items, their score if put back, the lease they hold)
+        claims: list[tuple[str, list[tuple[str, str]], int, int]] = []
+
+        async def claim(zset: str, upto: int, back: int, lease_until: int) -> list[tuple[str, str]]:
+            items = await self.store.claim_due(zset, upto, lease_until=lease_until)
+            claims.append((zset, items, back, lease_until))
+            return items
+
+        deadlines = await claim(k.deadlines, now, now, now + lease)
+        waiting = await claim(k.await_watermark, watermark, watermark, watermark + lease)
+        unpublished = await claim(k.unpublished, now - 2000, now, now + lease)
+        rejudge = await claim(k.revision_deadlines, now, now, now + lease)
+        contradicted = await claim(k.rejudge, now, now, now + lease)
         try:
             work = Work()
             for tenant, ident in deadlines:
@@ -339,17 +347,11 @@ class ToolwitnessService:
                 await self.exporter.flush()
                 await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
         except BaseException:
-            await self.store.unclaim(k.deadlines, deadlines, now)
-            await self.store.unclaim(k.await_watermark, waiting, watermark)
-            await self.store.unclaim(k.unpublished, unpublished, now)
-            await self.store.unclaim(k.revision_deadlines, rejudge, now)
-            await self.store.unclaim(k.rejudge, contradicted, now)
+            for zset, items, back, _ in claims:
+                await self.store.unclaim(zset, items, back)
             raise
-        await self.store.release(k.deadlines, deadlines, now + lease)
-        await self.store.release(k.await_watermark, waiting, watermark + lease)
-        await self.store.release(k.unpublished, unpublished, now + lease)
-        await self.store.release(k.revision_deadlines, rejudge, now + lease)
-        await self.store.release(k.rejudge, contradicted, now + lease)
+        for zset, items, _, lease_until in claims:
+            await self.store.release(zset, items, lease_until)
         return len(published)
 
     async def shutdown(self) -> None:

@@ -502,15 +502,16 @@ class TraceStateStore:
 
     async def rearm_deadlines(self, exps: Sequence[RegisteredExpectation]) -> None:
         """Judge these decided expectations again at their deadline (see ``Keys.revision_deadlines``)."""
-        if exps:
-            await self.redis.zadd(self.k.revision_deadlines, {member(e.tenant, e.expectation_id): e.deadline_ms
-                                                              for e in exps})
+        await self._due(self.k.revision_deadlines, {member(e.tenant, e.expectation_id): e.deadline_ms for e in exps})
 
     async def rejudge_at(self, keys: Iterable[tuple[str, str]], at_ms: int) -> None:
         """Have the sweeper re-judge these decisions (as revisions) from ``at_ms`` on."""
-        members = {member(t, i): at_ms for t, i in keys}
+        await self._due(self.k.rejudge, {member(t, i): at_ms for t, i in keys})
+
+    async def _due(self, zset: str, members: Mapping[str, int]) -> None:
+        """Members the sweeper claims from ``zset`` once due (``claim_due``)."""
         if members:
-            await self.redis.zadd(self.k.rejudge, members)
+            await self.redis.zadd(zset, dict(members))
 
     async def undecided(self, tenant: str, expectation_id: str) -> bool:
         """Registered and neither decided nor cancelled (it still has a deadline entry)."""

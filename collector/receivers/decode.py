@@ -63,6 +63,8 @@ class DecodedRecord:
 
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+#: a trace id as OTLP/JSON writes it
+_HEX_TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")
 
 
 def _hex_ids_to_base64(node: Any) -> Any:
@@ -101,7 +103,7 @@ def _json_span_ids(doc: dict[str, Any]) -> list[tuple[int, str, str, str]]:
                     kept.append(_hex_ids_to_base64(span))
                 except RecordDecodeError as exc:
                     trace = span.get("traceId", span.get("trace_id")) if isinstance(span, dict) else None
-                    ok = isinstance(trace, str) and re.fullmatch(r"[0-9a-fA-F]{32}", trace) is not None
+                    ok = isinstance(trace, str) and _HEX_TRACE_ID.fullmatch(trace) is not None
                     bad.append((i, trace.lower() if ok and isinstance(trace, str) else "", exc.reason, exc.detail))
             ss["spans"] = kept
     return bad
@@ -357,7 +359,7 @@ def _json_traces(value: bytes, header: str | None, cfg: ServiceConfig, out: set[
         for ss in items(rs, "scopeSpans", "scope_spans"):
             for span in items(ss, "spans"):
                 trace = span.get("traceId", span.get("trace_id")) if isinstance(span, dict) else None
-                if isinstance(trace, str) and re.fullmatch(r"[0-9a-fA-F]{32}", trace):
+                if isinstance(trace, str) and _HEX_TRACE_ID.fullmatch(trace):
                     out.add((tenant, trace.lower()))
 
 

@@ -60,6 +60,16 @@ def tool(tracer: Tracer, name: str) -> AbstractContextManager[Span]:
     return tracer.start_as_current_span(f"execute_tool {name}", attributes=attrs)
 
 
+def _completed_run(client: InMemoryTraceClient, tracer: Tracer, tool_name: str) -> str:
+    """An agent run that called ``tool_name``, its trace declared complete: the trace id."""
+    with tracer.start_as_current_span("agent", context=Context()) as root:
+        with tool(tracer, tool_name):
+            pass
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+    client.mark_complete(trace_ids=(trace_id,))
+    return trace_id
+
+
 async def test_a_replayed_conversation_criterion_is_undetermined_not_left_out(
     rig: tuple[InMemoryTraceClient, Tracer, OtelToolCallScorer],
 ) -> None:
@@ -68,11 +78,7 @@ async def test_a_replayed_conversation_criterion_is_undetermined_not_left_out(
     client, tracer, tool_scorer = rig
     await initialize_pyrit_async(memory_db_type=IN_MEMORY)
     memory = CentralMemory.get_memory_instance()
-    with tracer.start_as_current_span("agent", context=Context()) as root:
-        with tool(tracer, "my_tool_call"):
-            pass
-        trace_id = f"{root.get_span_context().trace_id:032x}"
-    client.mark_complete(trace_ids=(trace_id,))
+    trace_id = _completed_run(client, tracer, "my_tool_call")
     cid = str(uuid.uuid4())
     request = MessagePiece(role="user", original_value="run my_tool_call", conversation_id=cid, trace_id=trace_id)
     response = MessagePiece(role="assistant", original_value="done", conversation_id=cid)
@@ -99,11 +105,7 @@ async def test_a_request_without_a_trace_keeps_absence_unproven_over_its_convers
     client, tracer, scorer = rig
     await initialize_pyrit_async(memory_db_type=IN_MEMORY)
     memory = CentralMemory.get_memory_instance()
-    with tracer.start_as_current_span("agent", context=Context()) as root:
-        with tool(tracer, "search"):
-            pass
-        trace_id = f"{root.get_span_context().trace_id:032x}"
-    client.mark_complete(trace_ids=(trace_id,))
+    trace_id = _completed_run(client, tracer, "search")
     cid = str(uuid.uuid4())
 
     def add(role: str, text: str, trace: str | None = None) -> MessagePiece:
