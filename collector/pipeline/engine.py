@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 
 from collector.config import ServiceConfig
 from collector.exporters.kafka import KafkaExporter
-from collector.processors.decide import Decider, Outcome
-from collector.processors.trace_state import DecideRequest, TraceState, TraceStateStore
+from collector.processors.decide import Decider, Outcome, completion_due
+from collector.processors.trace_state import SESSION_WAIT, DecideRequest, TraceState, TraceStateStore
 from collector.telemetry.metrics import DECISIONS, OVERSIZED, RESENT, REVISIONS, TIME_TO_VERDICT
 from collector.wire.convert import RegisteredExpectation, decode_observation, encode
 from scoring.models import SessionScorable, Verdict
@@ -114,17 +114,21 @@ class Engine:
         now = datetime.now(UTC)
         now_ms = int(now.timestamp() * 1000)
         outcomes: list[Outcome] = []
+        #: what new expectations left undecided wait for: (tenant, trace or session wait, event time)
+        waits: dict[tuple[str, str], int] = {}
+        lateness = self.cfg.completion.allowed_lateness_ms
         for k, exp in exps.items():
             final = k in work.final or now_ms >= exp.deadline_ms
             # how many traces a session decision read: a session with more by its settle is re-judged
             seen = len(traces[k]) if isinstance(exp.scope, SessionScorable) else 0
             session_complete = session_late = False
+            session_at: int | None = None
             if isinstance(exp.scope, SessionScorable):
                 # Like a count-less trace marker: complete once the watermark passes the session
                 # marker plus the allowed lateness, so the spans of a trace still in flight when
                 # the marker was sent are linked to the session before absence is judged.
-                at, session_late = await self.store.session_state(exp.tenant, exp.scope.session_id)
-                session_complete = at is not None and watermark_ms >= at + self.cfg.completion.allowed_lateness_ms
+                session_at, session_late = await self.store.session_state(exp.tenant, exp.scope.session_id)
+                session_complete = session_at is not None and watermark_ms >= session_at + lateness
             obs = self.decider.observation_for(
                 exp,
                 traces[k],
@@ -165,6 +169,16 @@ class Engine:
                 )
                 continue
             if verdict is Verdict.UNDETERMINED and not final:
+                if work.pending.get(k) == "expectation":
+                    # Judged on this batch's watermark, read before it was registered: the sweeper
+                    # may have consumed its traces' watermark waits meanwhile (a newer watermark,
+                    # no expectation pending yet). Queue them again so it is judged when they pass.
+                    for t in traces[k]:
+                        due = completion_due(work.states.get((exp.tenant, t)), self.cfg.completion)
+                        if due is not None:
+                            waits[(exp.tenant, t)] = due
+                    if isinstance(exp.scope, SessionScorable) and session_at is not None and not session_complete:
+                        waits[(exp.tenant, SESSION_WAIT + exp.scope.session_id)] = session_at + lateness
                 continue
             trigger = work.pending.get(k, "deadline" if final else "span")
             if verdict is Verdict.UNDETERMINED and now_ms >= exp.deadline_ms:
@@ -176,6 +190,8 @@ class Engine:
                     traces_seen=seen,
                 )
             )
+        if waits:
+            await self.store.await_watermark([(t, w, at) for (t, w), at in waits.items()])
         return outcomes
 
     async def decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:

@@ -136,6 +136,19 @@ def trace_coverage(
     return (reasons, None) if reasons else (set(), source)
 
 
+def completion_due(st: TraceState | None, cfg: CompletionConfig) -> int | None:
+    """The event time the watermark must reach to complete this trace (``trace_coverage``'s
+    watermark rules), or None when the watermark does not complete it (a marker with a count,
+    no root end yet in inferred mode, no marker in marker mode)."""
+    if st is None or st.marker_count >= 0:
+        return None
+    if st.marker_at_ms >= 0:
+        return st.marker_at_ms + cfg.allowed_lateness_ms if st.span_count > 0 else None
+    if cfg.mode == "inferred" and st.root_end_ms > 0 and not st.orphans:
+        return st.root_end_ms + cfg.allowed_lateness_ms
+    return None
+
+
 #: bytes an execution takes besides its arguments, in the larger (JSON) encoding: name, ids,
 #: times, enums, field names.
 EXECUTION_OVERHEAD = 400
