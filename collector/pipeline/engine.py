@@ -114,7 +114,7 @@ class Engine:
         now = datetime.now(UTC)
         now_ms = int(now.timestamp() * 1000)
         outcomes: list[Outcome] = []
-        #: what new expectations left undecided wait for: (tenant, trace or session wait, event time)
+        #: what expectations left undecided wait for: (tenant, trace or session wait) -> event time
         waits: dict[tuple[str, str], int] = {}
         lateness = self.cfg.completion.allowed_lateness_ms
         for k, exp in exps.items():
@@ -169,16 +169,17 @@ class Engine:
                 )
                 continue
             if verdict is Verdict.UNDETERMINED and not final:
-                if work.pending.get(k) == "expectation":
-                    # Judged on this batch's watermark, read before it was registered: the sweeper
-                    # may have consumed its traces' watermark waits meanwhile (a newer watermark,
-                    # no expectation pending yet). Queue them again so it is judged when they pass.
-                    for t in traces[k]:
-                        due = completion_due(work.states.get((exp.tenant, t)), self.cfg.completion)
-                        if due is not None:
-                            waits[(exp.tenant, t)] = due
-                    if isinstance(exp.scope, SessionScorable) and session_at is not None and not session_complete:
-                        waits[(exp.tenant, SESSION_WAIT + exp.scope.session_id)] = session_at + lateness
+                # Judged on a watermark read before this evaluation (a batch reads it first): the
+                # sweeper, with a newer one, may have consumed the watermark waits of its traces
+                # meanwhile -- before this expectation was registered, a marker or a missing parent
+                # recorded, so without judging it. Queue again each wait this watermark had not
+                # passed, so it is judged when the watermark passes it (a no-op when still queued).
+                for t in traces[k]:
+                    due = completion_due(work.states.get((exp.tenant, t)), self.cfg.completion)
+                    if due is not None and due > watermark_ms:
+                        waits[(exp.tenant, t)] = due
+                if isinstance(exp.scope, SessionScorable) and session_at is not None and not session_complete:
+                    waits[(exp.tenant, SESSION_WAIT + exp.scope.session_id)] = session_at + lateness
                 continue
             trigger = work.pending.get(k, "deadline" if final else "span")
             if verdict is Verdict.UNDETERMINED and now_ms >= exp.deadline_ms:

@@ -1,12 +1,14 @@
-"""An expectation registered while the sweeper consumes its trace's watermark wait.
+"""The sweeper consumes a watermark wait while a batch, on an older watermark, changes what it waits for.
 
-A trace complete by the watermark (inferred from its root's end, or a marker without a count)
-is queued to wait for the watermark; the sweeper takes it off that queue when the watermark
-passes and judges what is pending on the trace. A batch reads the watermark before it
-registers its expectations: when the sweeper consumed the wait in between (a newer
-watermark, nothing pending yet), the new expectation was judged on the older watermark,
-stayed undecided, and nothing woke it again before its deadline -- an UNDETERMINED where
-the evidence said FALSE. (It failed CI as a "flaky" test under load.)
+A trace complete by the watermark (inferred from its root's end, or a marker without a count) and
+a session's trace set (a session marker) are queued to wait for the watermark; the sweeper takes
+them off that queue when the watermark passes and judges what is pending on them then. A batch
+reads the watermark first. When the sweeper consumed a wait in between (a newer watermark) and
+the batch then registered an expectation, recorded the count marker of its last other trace, or
+the missing parent of an orphan, the batch judged the expectation on its older watermark: it
+stayed undecided, and nothing woke it before its deadline -- UNDETERMINED where the evidence said
+FALSE. (The first of these failed CI as a "flaky" test under load.) Each window is forced here by
+holding the batch until the sweeper consumed the wait.
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 
+async def hold_batch_until_consumed(service: ToolwitnessService, redis_url: str, waiting: str) -> None:
+    """Inside a batch: until the sweeper has taken ``waiting`` off the watermark queue."""
+    async with Redis.from_url(redis_url) as r:
+
+        async def consumed() -> bool:
+            # the poll loop, busy with this batch, cannot share its partitions' progress: do it here
+            await service.watermarks.publish(await service.receiver.span_partitions_caught_up())
+            return await r.zscore(service.store.k.await_watermark, waiting) is None
+
+        await until(consumed, timeout=30)
+
+
 @pytest.mark.parametrize("mode", ["inferred", "marker", "session"])
 async def test_an_expectation_registered_as_its_traces_wait_is_consumed_is_still_judged_at_the_watermark(
     kafka_bootstrap: str, redis_url: str, mode: str
@@ -55,14 +69,7 @@ async def test_an_expectation_registered_as_its_traces_wait_is_consumed_is_still
         async def register(exp: Any) -> bool:
             # This batch read its watermark already; let the sweeper take the trace's wait off
             # the queue before the expectation is stored (the window the race needs).
-            async with Redis.from_url(redis_url) as r:
-
-                async def consumed() -> bool:
-                    # the poll loop, busy with this batch, cannot share its partitions' progress
-                    await service.watermarks.publish(await service.receiver.span_partitions_caught_up())
-                    return await r.zscore(service.store.k.await_watermark, waiting) is None
-
-                await until(consumed, timeout=30)
+            await hold_batch_until_consumed(service, redis_url, waiting)
             seen["consumed_first"] = True
             return await original(exp)
 
@@ -94,3 +101,102 @@ async def test_an_expectation_registered_as_its_traces_wait_is_consumed_is_still
         assert seen.get("consumed_first") is True
         assert verdict(ev) == "false", ev.rationale
         assert ev.trigger == "watermark" and ev.coverage.complete
+
+
+@pytest.mark.parametrize("shape", ["two_traces", "session"])
+async def test_a_count_marker_completing_the_last_trace_as_another_wait_is_consumed_is_judged_at_the_watermark(
+    kafka_bootstrap: str, redis_url: str, shape: str
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t0 = int(time.time() * 1000)
+    t1, t2, session = new_trace_id(), new_trace_id(), f"s-{new_span_id()}"
+    # t1 (a count-less marker) or the session (its marker) waits for the watermark; t2 gets a count
+    waiting = member("default", SESSION_WAIT + session if shape == "session" else t1)
+    seen: dict[str, Any] = {}
+
+    def prepare(service: ToolwitnessService) -> None:
+        original = service.store.mark_complete
+
+        async def mark_complete(tenant: str, trace_id: str, *args: Any, **kwargs: Any) -> Any:
+            if trace_id == t2 and not seen:
+                await hold_batch_until_consumed(service, redis_url, waiting)
+                seen["consumed_first"] = True
+            return await original(tenant, trace_id, *args, **kwargs)
+
+        service.store.mark_complete = mark_complete  # type: ignore[method-assign]
+
+    attrs = {"session.id": session} if shape == "session" else {}
+    async with (
+        Redis.from_url(redis_url) as r,
+        running_service_prepared(cfg, prepare) as service,
+        control_client(cfg) as tw,
+        raw_producer(cfg) as producer,
+    ):
+        for trace in (t1, t2):
+            root = new_span_id()
+            await send_spans(
+                producer,
+                cfg,
+                trace,
+                otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50, attrs=attrs),
+                otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2, attrs=attrs),
+            )
+        scope: SessionScorable | TraceScorable
+        if shape == "session":
+            await tw.mark_complete(t1, span_count=2)
+            await tw.mark_session_complete(session)
+            scope = SessionScorable(session_id=session)
+        else:
+            await tw.mark_complete(t1)
+            scope = TraceScorable(trace_ids=(t1, t2))
+        await until(lambda: r.zscore(service.store.k.await_watermark, waiting))
+        ident = await tw.expect(scope, expects("delete_db"), deadline=timedelta(seconds=90))
+        await until(lambda: r.zscore(service.store.k.deadlines, member("default", ident)))  # registered
+        await tw.mark_complete(t2, span_count=2)
+        ev = await tw.wait_for(ident, timeout=30)  # it waited for the deadline before
+        assert seen.get("consumed_first") is True
+        assert verdict(ev) == "false" and ev.trigger == "watermark", (verdict(ev), ev.trigger, ev.rationale)
+
+
+async def test_an_orphans_parent_recorded_as_the_traces_wait_is_consumed_is_judged_at_the_watermark(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url, completion={"mode": "inferred"})
+    t0 = int(time.time() * 1000)
+    trace, root, parent = new_trace_id(), new_span_id(), new_span_id()
+    waiting = member("default", trace)
+    seen: dict[str, Any] = {}
+
+    def prepare(service: ToolwitnessService) -> None:
+        original = service.store.apply
+
+        async def apply(groups: Any, watermark_ms: int) -> Any:
+            if seen.get("armed") and ("default", trace) in groups and not seen.get("consumed_first"):
+                await hold_batch_until_consumed(service, redis_url, waiting)
+                seen["consumed_first"] = True
+            return await original(groups, watermark_ms)
+
+        service.store.apply = apply  # type: ignore[method-assign]
+
+    async with (
+        Redis.from_url(redis_url) as r,
+        running_service_prepared(cfg, prepare) as service,
+        control_client(cfg) as tw,
+        raw_producer(cfg) as producer,
+    ):
+        await send_spans(
+            producer,
+            cfg,
+            trace,
+            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+            otlp_span(trace, parent=parent, tool="search", start_ms=t0 + 2, end_ms=t0 + 3),  # an orphan
+        )
+        await until(lambda: r.zscore(service.store.k.await_watermark, waiting))
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=90))
+        await until(lambda: r.zscore(service.store.k.deadlines, member("default", ident)))
+        seen["armed"] = True
+        the_parent = otlp_span(trace, span_id=parent, parent=root, name="llm", start_ms=t0 + 1, end_ms=t0 + 40)
+        await send_spans(producer, cfg, trace, the_parent)
+        ev = await tw.wait_for(ident, timeout=30)
+        assert seen.get("consumed_first") is True
+        assert verdict(ev) == "false" and ev.trigger == "watermark", (verdict(ev), ev.trigger, ev.rationale)
