@@ -577,7 +577,7 @@ class TraceStateStore:
         for it in items:
             cmds.evalsha(
                 self._decide,
-                [self.k.decision(it.tenant, it.expectation_id)],
+                [self.k.decision(it.tenant, it.expectation_id), self.k.cancelled(it.tenant, it.expectation_id)],
                 [it.version, it.score_id, it.event, it.observation, it.verdict, self.ttl_ms],
             )
         raw = (await self._execute(cmds))[1:]

@@ -1,10 +1,12 @@
 -- Compare-and-set one expectation's decision. A decision is final: only a higher
 -- version (a revision) may replace it. Idempotent for the same version.
 -- Touches only the expectation's own hash (one Cluster slot).
--- KEYS[1] decision hash
+-- KEYS[1] decision hash  KEYS[2] the expectation's cancellation (same hash tag)
 -- ARGV[1] version  ARGV[2] score id  ARGV[3] score event bytes  ARGV[4] observation bytes
 -- ARGV[5] verdict  ARGV[6] ttl ms
--- Returns {won (1/0), stored version, published (1/0)}
+-- Returns {won (1/0), stored version, published (1/0)}; {0, 0, 1} for a cancelled expectation
+-- (judged before its cancel was processed: nothing is stored, nothing is to be sent)
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0, 1} end
 local cur = redis.call('HMGET', KEYS[1], 'v', 'pub')
 local version = tonumber(ARGV[1])
 if cur[1] and tonumber(cur[1]) >= version then
