@@ -7,12 +7,16 @@ reads the watermark first. When the sweeper consumed a wait in between (a newer 
 the batch then registered an expectation, recorded the count marker of its last other trace, or
 the missing parent of an orphan, the batch judged the expectation on its older watermark: it
 stayed undecided, and nothing woke it before its deadline -- UNDETERMINED where the evidence said
-FALSE. (The first of these failed CI as a "flaky" test under load.) Each window is forced here by
-holding the batch until the sweeper consumed the wait.
+FALSE. (The first of these failed CI as a "flaky" test under load.) And when the sweeper had
+decided on the trace's completion, a count marker that contradicts it or a late span, applied on
+the batch's older watermark, did not break the claim: the FALSE was never revised, not even by the
+tool span that proves the opposite. Each window is forced here by holding the batch until the
+sweeper did its part.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -26,6 +30,7 @@ from scoring.models import SessionScorable, TraceScorable
 from tests.integration.harness import (
     control_client,
     expects,
+    history,
     make_config,
     new_span_id,
     new_trace_id,
@@ -200,3 +205,73 @@ async def test_an_orphans_parent_recorded_as_the_traces_wait_is_consumed_is_judg
         ev = await tw.wait_for(ident, timeout=30)
         assert seen.get("consumed_first") is True
         assert verdict(ev) == "false" and ev.trigger == "watermark", (verdict(ev), ev.trigger, ev.rationale)
+
+
+@pytest.mark.parametrize("what", ["count_marker", "late_span"])
+async def test_evidence_applied_on_an_older_watermark_breaks_a_completion_the_sweeper_decided_on(
+    kafka_bootstrap: str, redis_url: str, what: str
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url, completion={"mode": "inferred"})
+    t0 = int(time.time() * 1000)
+    trace, root = new_trace_id(), new_span_id()
+    seen: dict[str, Any] = {}
+
+    def prepare(service: ToolwitnessService) -> None:
+        async def hold_until_decided_on_the_trace() -> None:
+            async with Redis.from_url(redis_url) as r:
+
+                async def settled() -> bool:
+                    await service.watermarks.publish(await service.receiver.span_partitions_caught_up())
+                    raw = await r.get(service.store.k.state("default", trace))
+                    return raw is not None and seen["ident"] in (json.loads(raw).get("de") or {})
+
+                await until(settled, timeout=30)
+            seen["decided_first"] = True
+
+        original_mark, original_apply = service.store.mark_complete, service.store.apply
+
+        async def mark_complete(tenant: str, trace_id: str, *args: Any, **kwargs: Any) -> Any:
+            if what == "count_marker" and trace_id == trace and not seen.get("decided_first"):
+                await hold_until_decided_on_the_trace()
+            return await original_mark(tenant, trace_id, *args, **kwargs)
+
+        async def apply(groups: Any, watermark_ms: int) -> Any:
+            if (
+                what == "late_span"
+                and seen.get("armed")
+                and ("default", trace) in groups
+                and not seen.get("decided_first")
+            ):
+                await hold_until_decided_on_the_trace()
+            return await original_apply(groups, watermark_ms)
+
+        service.store.mark_complete = mark_complete  # type: ignore[method-assign]
+        service.store.apply = apply  # type: ignore[method-assign]
+
+    async with (
+        Redis.from_url(redis_url) as r,
+        running_service_prepared(cfg, prepare) as service,
+        control_client(cfg) as tw,
+        raw_producer(cfg) as producer,
+    ):
+        await send_spans(
+            producer,
+            cfg,
+            trace,
+            otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+            otlp_span(trace, parent=root, name="llm", start_ms=t0 + 1, end_ms=t0 + 40),
+        )
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=90))
+        seen["ident"] = ident
+        await until(lambda: r.zscore(service.store.k.deadlines, member("default", ident)))  # registered
+        seen["armed"] = True
+        if what == "count_marker":  # the agent counted 3 spans: one is still to come
+            await tw.mark_complete(trace, span_count=3)
+            await until(lambda: seen.get("decided_first"))
+        # the missing (or late) tool span: delete_db did run
+        await send_spans(
+            producer, cfg, trace, otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 2, end_ms=t0 + 30)
+        )
+        await until(lambda: (ev := tw.latest(ident)) is not None and verdict(ev) == "true", timeout=30)
+        steps = history(tw.events(ident))
+        assert steps[0] == (1, "false") and steps[-1][1] == "true", steps

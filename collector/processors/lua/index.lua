@@ -5,10 +5,15 @@
 --   state at least that much life left (a pending expectation's evidence must outlive its
 --   deadline, which is at most the ttl away)  ARGV[2] op: add|touch|done|drop
 -- ARGV[3] reclaim ms: > 0 shortens the state's life to at most that (PEXPIRE LT; the trace is
---   complete and decided), 0 leaves it  ARGV[4..] ids
+--   complete and decided: a decision was judged on its complete coverage), 0 leaves it
+-- ARGV[4..] ids
 local st, raw = load_or_new(KEYS[1], KEYS[2])
 if not raw and ARGV[2] ~= 'add' then return 0 end
 local renew = ARGV[2] == 'add' or ARGV[2] == 'touch'
+local reclaim = tonumber(ARGV[3])
+-- Judged complete by someone (the sweeper, another instance) whose watermark may be ahead of the
+-- one a batch applies its next span or marker with: complete_by_claims holds from now on.
+if reclaim > 0 then st.dc = 1 end
 
 for i = 4, #ARGV do
   local id = ARGV[i]
@@ -34,7 +39,6 @@ elseif raw then
 else
   redis.call('SET', KEYS[1], dump_state(st), 'PX', ARGV[1])
 end
-local reclaim = tonumber(ARGV[3])
 -- Only a trace nothing is pending on any more: another expectation still judged on it needs its
 -- evidence until its own deadline. A trace of a session is never reclaimed: the session's
 -- expectations (indexed under the session, not here) read it until the session is complete.

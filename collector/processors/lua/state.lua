@@ -34,8 +34,10 @@ local function dump_state(st)
 end
 -- Was the trace complete by its claims at watermark ``wm``: a count marker met, the watermark past
 -- a count-less marker (+ lateness), or (inferred mode) past the ended root with no orphan? The
--- same rule as decide.trace_coverage, which judges it for verdicts.
+-- same rule as decide.trace_coverage, which judges it for verdicts -- and complete for good once a
+-- decision was judged on it complete, at a watermark that may be ahead of ``wm``.
 local function complete_by_claims(st, wm, lateness, inferred)
+  if st.dc == 1 then return true end  -- a decision was judged on its complete coverage (index.lua)
   if st.mc >= 0 then return st.n >= st.mc end
   if st.ma >= 0 then return wm >= st.ma + lateness end
   if inferred and st.re > 0 and next(st.p) == nil then return wm >= st.re + lateness end
