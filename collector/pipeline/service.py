@@ -347,8 +347,8 @@ class ToolwitnessService:
                 await self.exporter.flush()
                 await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
         except BaseException:
-            for zset, items, back, _ in claims:
-                await self.store.unclaim(zset, items, back)
+            for zset, items, back, lease_until in claims:
+                await self.store.unclaim(zset, items, back, lease_until=lease_until)
             raise
         for zset, items, _, lease_until in claims:
             await self.store.release(zset, items, lease_until)

@@ -54,12 +54,15 @@ for _, m in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[3], m) end
 return due
 """
 
-# Release handled claims: remove the members ARGV[2..] of KEYS[1] that still hold the lease ARGV[1]
-# (one re-added since, e.g. by a new decision waiting to be published, stays).
+# End claims: the members ARGV[3..] of KEYS[1] that still hold the lease ARGV[1] are removed
+# (handled; ARGV[2] == '') or put back at score ARGV[2] (their handling failed). One re-added
+# since -- a new decision waiting to be published, a wait a batch queued again -- keeps its score.
 _RELEASE_LUA = """
 local lease = tonumber(ARGV[1])
-for i = 2, #ARGV do
-  if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i])) == lease then redis.call('ZREM', KEYS[1], ARGV[i]) end
+for i = 3, #ARGV do
+  if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i])) == lease then
+    if ARGV[2] == '' then redis.call('ZREM', KEYS[1], ARGV[i]) else redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i]) end
+  end
 end
 return 0
 """
@@ -727,10 +730,12 @@ class TraceStateStore:
             ids.update(await self.session_pending(tenant, session))
         return sorted(ids)
 
-    async def unclaim(self, zset: str, items: Sequence[tuple[str, str]], score: int) -> None:
-        """Put claimed items back (their handling failed)."""
+    async def unclaim(self, zset: str, items: Sequence[tuple[str, str]], score: int, *, lease_until: int) -> None:
+        """Put claimed items back at ``score`` (their handling failed): those still holding the
+        lease ``lease_until`` -- one re-queued meanwhile (e.g. at a later time) keeps its score."""
+        assert self._release is not None
         if items:
-            await self.redis.zadd(zset, {member(t, i): score for t, i in items})
+            await self._release(keys=[zset], args=[lease_until, score, *(member(t, i) for t, i in items)])
 
     async def claim_due(self, zset: str, upto: int, limit: int = 500, *, lease_until: int) -> list[tuple[str, str]]:
         """Claim members due by ``upto``: one atomic script moves each one's score to ``lease_until``,
@@ -745,4 +750,4 @@ class TraceStateStore:
         """Drop handled claims (those still holding the lease ``lease_until``)."""
         assert self._release is not None
         if items:
-            await self._release(keys=[zset], args=[lease_until, *(member(t, i) for t, i in items)])
+            await self._release(keys=[zset], args=[lease_until, "", *(member(t, i) for t, i in items)])

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from collector.processors.trace_state import DecideRequest, TraceStateStore
+from collector.processors.trace_state import DecideRequest, TraceStateStore, member
 from tests.integration.harness import make_config
 
 EVENT = b"\x0a\x20" + b"e" * 600  # stand-ins for a serialized ScoreEvent and Observation
@@ -136,3 +136,23 @@ async def test_an_indexed_expectation_whose_decision_expired_is_not_taken_for_un
     stored_only = RegisteredExpectation("e-cut", "default", exp.scope, "tools", expects("s"), 10**6, 0)
     await store.redis.set(store.k.expectation("default", "e-cut"), stored_only.to_json())  # cut before indexing
     assert await store.unindexed(stored_only)
+
+
+
+async def test_a_failed_sweep_puts_back_only_the_claims_it_still_holds(store: TraceStateStore) -> None:
+    """A sweeper whose handling failed puts its claims back; one a batch queued again meanwhile
+    (a watermark wait at a later time) keeps the batch's score: it is not judged too early."""
+    zset = store.k.await_watermark
+    requeued, untouched = member("default", "t-requeued"), member("default", "t-untouched")
+    await store.await_watermark([("default", "t-requeued", 1_000), ("default", "t-untouched", 1_000)])
+    claimed = await store.claim_due(zset, 1_000, lease_until=31_000)
+    assert sorted(claimed) == [("default", "t-requeued"), ("default", "t-untouched")]
+    await store.await_watermark([("default", "t-requeued", 5_000)])  # a batch, while the sweep runs
+    await store.unclaim(zset, claimed, 1_000, lease_until=31_000)
+    assert await store.redis.zscore(zset, requeued) == 5_000
+    assert await store.redis.zscore(zset, untouched) == 1_000
+    # and a handled claim is released only while it holds the lease
+    claimed = await store.claim_due(zset, 5_000, lease_until=35_000)
+    await store.await_watermark([("default", "t-requeued", 9_000)])
+    await store.release(zset, claimed, 35_000)
+    assert await store.redis.zrange(zset, 0, -1, withscores=True) == [(requeued.encode(), 9_000.0)]
