@@ -266,9 +266,15 @@ class Engine:
         # TRUE when this evaluation's FALSE rests on presence alone (incomplete coverage: no later
         # evidence undoes it, while that TRUE needed complete coverage).
         for o, d in zip(outcomes, decisions, strict=True):
-            if d.won or o.version != 1:
+            if d.won:
                 continue
-            if (d.verdict == Verdict.FALSE.value and o.verdict is not Verdict.FALSE) or (
+            if o.version > 1:
+                # Two revisions of one version judged on different evidence (two instances, or the
+                # sweeper and a batch): the one that lost may be the newer. Re-judged on the state
+                # as it is now; a no-op when that agrees with what won.
+                if d.version == o.version and d.verdict != o.verdict.value:
+                    contradicted.add((o.expectation.tenant, o.expectation.expectation_id))
+            elif (d.verdict == Verdict.FALSE.value and o.verdict is not Verdict.FALSE) or (
                 d.verdict == Verdict.TRUE.value and o.verdict is Verdict.FALSE and not o.observation.coverage.complete
             ):
                 contradicted.add((o.expectation.tenant, o.expectation.expectation_id))

@@ -584,8 +584,12 @@ class TraceStateStore:
                 [it.version, it.score_id, it.event, it.observation, it.verdict, self.ttl_ms],
             )
         raw = (await self._execute(cmds))[1:]
+        # a lost compare-and-set carries the stored verdict (published or not): what won
         out = [
-            Decision(bool(r[0]), int(r[1]), it.score_id, it.event, it.observation, int(r[2] or 0) == 1, it.verdict)
+            Decision(
+                bool(r[0]), int(r[1]), it.score_id, it.event, it.observation, int(r[2] or 0) == 1,
+                it.verdict if r[0] or len(r) < 4 or not r[3] else _s(r[3]),
+            )
             for it, r in zip(items, raw, strict=True)
         ]
         stale = [i for i, d in enumerate(out) if not d.won and not d.published]

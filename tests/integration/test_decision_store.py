@@ -156,3 +156,18 @@ async def test_a_failed_sweep_puts_back_only_the_claims_it_still_holds(store: Tr
     await store.await_watermark([("default", "t-requeued", 9_000)])
     await store.release(zset, claimed, 35_000)
     assert await store.redis.zrange(zset, 0, -1, withscores=True) == [(requeued.encode(), 9_000.0)]
+
+
+async def test_a_lost_compare_and_set_reads_the_verdict_that_won_even_once_published(store: TraceStateStore) -> None:
+    """The engine compares what it judged with what won (a contradiction is re-judged): the stored
+    verdict, also when the winner was published before this compare-and-set -- it read as this
+    evaluation's own verdict then, and a FALSE that newer evidence contradicted stayed."""
+    won_false = DecideRequest("default", "e9", 1, "sid-e9-1", EVENT, OBSERVATION, "false")
+    [won] = await store.decide_many([won_false])
+    assert won.won
+    newer_true = DecideRequest("default", "e9", 1, "sid-e9-1b", EVENT, OBSERVATION, "true")
+    [before] = await store.decide_many([newer_true])  # not published yet: the payload comes back too
+    assert not before.won and before.verdict == "false"
+    await store.mark_published([("default", "e9")])
+    [after] = await store.decide_many([newer_true])
+    assert not after.won and after.published and after.verdict == "false"

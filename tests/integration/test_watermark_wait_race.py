@@ -275,3 +275,67 @@ async def test_evidence_applied_on_an_older_watermark_breaks_a_completion_the_sw
         await until(lambda: (ev := tw.latest(ident)) is not None and verdict(ev) == "true", timeout=30)
         steps = history(tw.events(ident))
         assert steps[0] == (1, "false") and steps[-1][1] == "true", steps
+
+
+async def test_a_presence_judged_by_a_batch_contradicting_a_published_false_revises_it(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    """The sweeper decides FALSE on the watermark's completion, without the tool span a batch (on
+    an older watermark: not late) applied meanwhile; the batch judges TRUE and loses the
+    compare-and-set after the FALSE was published: it is re-judged and revised to TRUE."""
+    cfg = make_config(kafka_bootstrap, redis_url, completion={"mode": "inferred"})
+    t0 = int(time.time() * 1000)
+    trace, root = new_trace_id(), new_span_id()
+    seen: dict[str, Any] = {}
+
+    def prepare(service: ToolwitnessService) -> None:
+        original_apply, original_decide = service.store.apply, service.store.decide_many
+        decision = service.store.k.decision
+
+        async def apply(groups: Any, watermark_ms: int) -> Any:
+            if seen.get("armed") and ("default", trace) in groups and "applied" not in seen:
+
+                async def sweeper_judged() -> bool:  # the poll loop is held here: share its progress
+                    await service.watermarks.publish(await service.receiver.span_partitions_caught_up())
+                    return "sweeper_judged" in seen
+
+                await until(sweeper_judged, timeout=30)
+                out = await original_apply(groups, watermark_ms)
+                seen["applied"] = True
+                return out
+            return await original_apply(groups, watermark_ms)
+
+        async def decide_many(items: Any) -> Any:
+            mine = [it for it in items if it.expectation_id == seen.get("ident")]
+            if mine and mine[0].verdict == "false" and "sweeper_judged" not in seen:
+                seen["sweeper_judged"] = True  # judged without the span: let the batch apply it first
+                await until(lambda: "applied" in seen, timeout=30)
+            elif mine and mine[0].verdict == "true" and "batch_lost" not in seen:
+                await until(lambda: service.redis.hget(decision("default", seen["ident"]), "pub"), timeout=30)
+                out = await original_decide(items)
+                seen["batch_lost"] = [d.won for it, d in zip(items, out, strict=True) if it is mine[0]]
+                return out
+            return await original_decide(items)
+
+        service.store.apply = apply  # type: ignore[method-assign]
+        service.store.decide_many = decide_many  # type: ignore[method-assign]
+
+    async with (
+        Redis.from_url(redis_url) as r,
+        running_service_prepared(cfg, prepare) as service,
+        control_client(cfg) as tw,
+        raw_producer(cfg) as producer,
+    ):
+        await send_spans(
+            producer, cfg, trace, otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
+        )
+        ident = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=90))
+        seen["ident"] = ident
+        await until(lambda: r.zscore(service.store.k.deadlines, member("default", ident)))  # registered
+        seen["armed"] = True
+        tool = otlp_span(trace, parent=root, tool="delete_db", start_ms=t0 + 2, end_ms=t0 + 30)
+        await send_spans(producer, cfg, trace, tool)  # before the watermark passes the root's end
+        await until(lambda: (ev := tw.latest(ident)) is not None and verdict(ev) == "true", timeout=30)
+        assert seen["batch_lost"] == [False]
+        steps = history(tw.events(ident))
+        assert steps[0] == (1, "false") and steps[-1][1] == "true", steps
