@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -45,16 +46,25 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 
-async def hold_batch_until_consumed(service: ToolwitnessService, redis_url: str, waiting: str) -> None:
+async def hold_batch(service: ToolwitnessService, condition: Callable[[], Awaitable[bool]]) -> None:
+    """Inside a batch: until ``condition()`` holds. The poll loop, held here, cannot share its
+    partitions' progress meanwhile (the sweeper's watermark would stop): done here instead."""
+
+    async def holds() -> bool:
+        await service.watermarks.publish(await service.receiver.span_partitions_caught_up())
+        return await condition()
+
+    await until(holds, timeout=30)
+
+
+async def hold_batch_until_consumed(service: ToolwitnessService, waiting: str) -> None:
     """Inside a batch: until the sweeper has taken ``waiting`` off the watermark queue."""
-    async with Redis.from_url(redis_url) as r:
+    zset = service.store.k.await_watermark
+    await hold_batch(service, lambda: _none(service.redis.zscore(zset, waiting)))
 
-        async def consumed() -> bool:
-            # the poll loop, busy with this batch, cannot share its partitions' progress: do it here
-            await service.watermarks.publish(await service.receiver.span_partitions_caught_up())
-            return await r.zscore(service.store.k.await_watermark, waiting) is None
 
-        await until(consumed, timeout=30)
+async def _none(value: Awaitable[Any]) -> bool:
+    return await value is None
 
 
 @pytest.mark.parametrize("mode", ["inferred", "marker", "session"])
@@ -74,7 +84,7 @@ async def test_an_expectation_registered_as_its_traces_wait_is_consumed_is_still
         async def register(exp: Any) -> bool:
             # This batch read its watermark already; let the sweeper take the trace's wait off
             # the queue before the expectation is stored (the window the race needs).
-            await hold_batch_until_consumed(service, redis_url, waiting)
+            await hold_batch_until_consumed(service, waiting)
             seen["consumed_first"] = True
             return await original(exp)
 
@@ -124,7 +134,7 @@ async def test_a_count_marker_completing_the_last_trace_as_another_wait_is_consu
 
         async def mark_complete(tenant: str, trace_id: str, *args: Any, **kwargs: Any) -> Any:
             if trace_id == t2 and not seen:
-                await hold_batch_until_consumed(service, redis_url, waiting)
+                await hold_batch_until_consumed(service, waiting)
                 seen["consumed_first"] = True
             return await original(tenant, trace_id, *args, **kwargs)
 
@@ -177,7 +187,7 @@ async def test_an_orphans_parent_recorded_as_the_traces_wait_is_consumed_is_judg
 
         async def apply(groups: Any, watermark_ms: int) -> Any:
             if seen.get("armed") and ("default", trace) in groups and not seen.get("consumed_first"):
-                await hold_batch_until_consumed(service, redis_url, waiting)
+                await hold_batch_until_consumed(service, waiting)
                 seen["consumed_first"] = True
             return await original(groups, watermark_ms)
 
@@ -218,14 +228,11 @@ async def test_evidence_applied_on_an_older_watermark_breaks_a_completion_the_sw
 
     def prepare(service: ToolwitnessService) -> None:
         async def hold_until_decided_on_the_trace() -> None:
-            async with Redis.from_url(redis_url) as r:
+            async def settled() -> bool:
+                raw = await service.redis.get(service.store.k.state("default", trace))
+                return raw is not None and seen["ident"] in (json.loads(raw).get("de") or {})
 
-                async def settled() -> bool:
-                    await service.watermarks.publish(await service.receiver.span_partitions_caught_up())
-                    raw = await r.get(service.store.k.state("default", trace))
-                    return raw is not None and seen["ident"] in (json.loads(raw).get("de") or {})
-
-                await until(settled, timeout=30)
+            await hold_batch(service, settled)
             seen["decided_first"] = True
 
         original_mark, original_apply = service.store.mark_complete, service.store.apply
@@ -295,11 +302,10 @@ async def test_a_presence_judged_by_a_batch_contradicting_a_published_false_revi
         async def apply(groups: Any, watermark_ms: int) -> Any:
             if seen.get("armed") and ("default", trace) in groups and "applied" not in seen:
 
-                async def sweeper_judged() -> bool:  # the poll loop is held here: share its progress
-                    await service.watermarks.publish(await service.receiver.span_partitions_caught_up())
+                async def sweeper_judged() -> bool:
                     return "sweeper_judged" in seen
 
-                await until(sweeper_judged, timeout=30)
+                await hold_batch(service, sweeper_judged)
                 out = await original_apply(groups, watermark_ms)
                 seen["applied"] = True
                 return out
