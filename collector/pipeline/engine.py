@@ -232,6 +232,11 @@ class Engine:
         finished: list[RegisteredExpectation] = []
         seen = {(o.expectation.tenant, o.expectation.expectation_id): o.traces_seen for o in outcomes}
         for o, d in zip(outcomes, decisions, strict=True):
+            if d.cancelled:
+                # judged while (or after: recreated from a tombstone, a session's decided set) its
+                # cancel was processed: off every index, so nothing judges it again
+                finished.append(o.expectation)
+                continue
             if not d.won and not d.published and d.version == o.version:
                 # Decided here or elsewhere and never settled (the process died after the
                 # compare-and-set): settle it now, as it is re-sent (idempotent if it was). What

@@ -207,6 +207,8 @@ class Decision:
     observation: bytes
     published: bool
     verdict: str
+    #: refused: the expectation was cancelled (nothing stored, nothing to send, nothing to watch)
+    cancelled: bool = False
 
 
 def _b(v: Any) -> bytes:
@@ -484,13 +486,14 @@ class TraceStateStore:
                 await self._execute(touch)
 
     async def forget(self, exp: RegisteredExpectation) -> None:
-        """Drop a cancelled or finally decided expectation from the pending indexes."""
+        """Drop a cancelled expectation from every index (pending, and decided: nothing revises it)."""
         assert self._index is not None
         cmds = Commands()
         for trace in exp.trace_ids():
             cmds.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "drop", 0, exp.expectation_id])
         if not exp.trace_ids() and hasattr(exp.scope, "session_id"):
             cmds.add("SREM", self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
+            cmds.add("SREM", self.k.session_decided(exp.tenant, exp.scope.session_id), exp.expectation_id)
         cmds.add("ZREM", self.k.deadlines, member(exp.tenant, exp.expectation_id))
         await self._execute(cmds)
 
@@ -588,7 +591,7 @@ class TraceStateStore:
         out = [
             Decision(
                 bool(r[0]), int(r[1]), it.score_id, it.event, it.observation, int(r[2] or 0) == 1,
-                it.verdict if r[0] or len(r) < 4 or not r[3] else _s(r[3]),
+                it.verdict if r[0] or len(r) < 4 or not r[3] else _s(r[3]), cancelled=int(r[1]) < 0,
             )
             for it, r in zip(items, raw, strict=True)
         ]

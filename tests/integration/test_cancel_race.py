@@ -8,6 +8,7 @@ and its score went out -- to every client -- for an expectation cancelled before
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -84,3 +85,64 @@ async def test_a_cancel_processed_while_the_sweeper_decides_publishes_no_score(
 
 async def _gone(value: Any) -> bool:
     return await value is None
+
+
+async def test_a_decided_expectation_cancelled_later_is_not_judged_again_by_late_spans(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    """Decided FALSE, its trace reclaimed (the tombstone lists it as decided), then cancelled: the
+    late spans that recreate the trace revise what was decided on it -- but not this one. Refused
+    by the compare-and-set as cancelled, it must leave the trace's decided set, or every later
+    batch on the trace judges it again (found by a review of the refusal)."""
+    cfg = make_config(kafka_bootstrap, redis_url, redis={"completed_ttl_seconds": 1})
+    t0 = int(time.time() * 1000) - 5_000
+    trace, root = new_trace_id(), new_span_id()
+    attempts: list[tuple[int, str]] = []
+    applied: list[int] = []  # spans on the trace after each batch the service finished
+    seen: dict[str, Any] = {}
+
+    def prepare(service: ToolwitnessService) -> None:
+        original_decide, original_process = service.store.decide_many, service.checkpoint.process
+        state = service.store.k.state("default", trace)
+
+        async def decide_many(items: Any) -> Any:
+            attempts.extend((it.version, it.verdict) for it in items if it.expectation_id == seen.get("ident"))
+            return await original_decide(items)
+
+        async def process(batch: Any) -> Any:
+            result = await original_process(batch)
+            raw = await service.redis.get(state)
+            applied.append(json.loads(raw)["n"] if raw else 0)
+            return result
+
+        service.store.decide_many = decide_many  # type: ignore[method-assign]
+        service.checkpoint.process = process  # type: ignore[method-assign]
+
+    async with (
+        Redis.from_url(redis_url) as r,
+        running_service_prepared(cfg, prepare) as service,
+        control_client(cfg) as tw,
+        raw_producer(cfg) as producer,
+    ):
+        agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
+        await send_spans(
+            producer, cfg, trace, agent, otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2)
+        )
+        ident = await tw.expect(
+            TraceScorable(trace_ids=(trace,)), expects("delete_db"), deadline=timedelta(seconds=120)
+        )
+        seen["ident"] = ident
+        await tw.mark_complete(trace, span_count=2)
+        assert verdict(await tw.wait_for(ident, timeout=30)) == "false"
+        state = service.store.k.state("default", trace)
+        await until(lambda: _gone(r.get(state)), timeout=20)  # reclaimed: the tombstone lists it
+        await tw.cancel(ident)
+        await until(lambda: r.exists(service.store.k.cancelled("default", ident)))
+        for i in range(5):  # late spans, one record each: each batch recreates or extends the state
+            late = otlp_span(trace, parent=root, name=f"llm{i}", start_ms=t0 + 3 + i, end_ms=t0 + 4 + i)
+            await send_spans(producer, cfg, trace, late)
+            await until(lambda want=i + 1: applied and applied[-1] >= want)  # type: ignore[misc]
+        assert attempts[0] == (1, "false")
+        assert len(attempts) <= 2, attempts  # at most the one refused revision, not one per batch
+        raw = await r.get(state)
+        assert raw is not None and ident not in (json.loads(raw).get("de") or {})

@@ -4,9 +4,9 @@
 -- KEYS[1] decision hash  KEYS[2] the expectation's cancellation (same hash tag)
 -- ARGV[1] version  ARGV[2] score id  ARGV[3] score event bytes  ARGV[4] observation bytes
 -- ARGV[5] verdict  ARGV[6] ttl ms
--- Returns {won (1/0), stored version, published (1/0), stored verdict ('' when won)}; {0, 0, 1, ''}
+-- Returns {won (1/0), stored version, published (1/0), stored verdict ('' when won)}; {0, -1, 1, ''}
 -- for a cancelled expectation (judged before its cancel was processed: nothing is stored or sent)
-if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0, 1, ''} end
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return {0, -1, 1, ''} end
 local cur = redis.call('HMGET', KEYS[1], 'v', 'pub', 'verdict')
 local version = tonumber(ARGV[1])
 if cur[1] and tonumber(cur[1]) >= version then
