@@ -276,8 +276,10 @@ class Engine:
             if o.version > 1:
                 # Two revisions of one version judged on different evidence (two instances, or the
                 # sweeper and a batch): the one that lost may be the newer. Re-judged on the state
-                # as it is now; a no-op when that agrees with what won.
-                if d.version == o.version and d.verdict != o.verdict.value:
+                # as it is now; a no-op when that agrees with what won. Not for a lost UNDETERMINED:
+                # a broken claim re-judges through its late span, and a batch's non-final answer
+                # must not flip a final one the sweeper gave at the deadline.
+                if d.version == o.version and d.verdict != o.verdict.value and o.verdict is not Verdict.UNDETERMINED:
                     contradicted.add((o.expectation.tenant, o.expectation.expectation_id))
             elif (d.verdict == Verdict.FALSE.value and o.verdict is not Verdict.FALSE) or (
                 d.verdict == Verdict.TRUE.value and o.verdict is Verdict.FALSE and not o.observation.coverage.complete
