@@ -9,6 +9,7 @@ load and combine the CSV files, consult the registry (skip rules), score every r
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from scoring.evaluation.metrics import (
 )
 from scoring.evaluation.protocols import FLOAT_SCALE, TRUE_FALSE, EvaluableScorer, is_undetermined
 from scoring.evaluation.registry import MetricsRegistry, RegistryUpdateBehavior, decide_skip
+
+log = logging.getLogger("toolwitness.evaluation")
 
 ProgressCallback = Callable[[int], None]
 
@@ -197,8 +200,23 @@ async def evaluate_async(
     )
     metrics = compute_dataset_metrics(dataset, trials, average_score_time_seconds=average, alpha_level=alpha_level)
     if update_registry_behavior is not RegistryUpdateBehavior.NEVER_UPDATE:
-        registry.replace(identifier, eval_hash, metrics)
+        if _decided_nothing(metrics):
+            # Every rate is undefined (None): a registry entry would only break the comparisons
+            # users run over get_all_*_metrics (sorting by f1_score / mean_absolute_error).
+            log.warning(
+                "%s: no response of %r was decided (every score UNDETERMINED): not recorded in the "
+                "metrics registry %s",
+                identifier.class_name, dataset.name, registry.path,
+            )
+        else:
+            registry.replace(identifier, eval_hash, metrics)
     return metrics
+
+
+def _decided_nothing(metrics: ObjectiveScorerMetrics | HarmScorerMetrics) -> bool:
+    if isinstance(metrics, ObjectiveScorerMetrics):
+        return metrics.accuracy is None
+    return metrics.mean_absolute_error is None
 
 
 def get_scorer_metrics(

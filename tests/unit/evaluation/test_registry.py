@@ -210,3 +210,22 @@ def test_evaluation_hash_is_the_registry_key(tmp_path: Path) -> None:
     registry.replace(scorer.get_identifier(), evaluation_hash(scorer.get_identifier()), objective())
     assert get_scorer_metrics(scorer, registry_path=registry.path) is not None
     assert get_scorer_metrics(TableScorer({}, "true_false", name="other"), registry_path=registry.path) is None
+
+
+async def test_a_scorer_that_decided_nothing_is_not_recorded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every score UNDETERMINED: the rates are None, and an entry holding them would break the
+    comparisons users run over the registry (seed 004 sorts ``get_all_objective_metrics()`` by
+    ``f1_score`` and formats it with ``:.4f``). Returned to the caller, not stored; said so."""
+    registry = tmp_path / "metrics.jsonl"
+    dataset = str(DATA / "refusal_objective.csv")
+    decided = TableScorer(OBJECTIVE_TABLE, "true_false", name="decides")
+    first = await evaluate_async(decided, dataset, registry_path=registry)
+    undecided = TableScorer(dict.fromkeys(OBJECTIVE_TABLE, None), "true_false", name="undetermined")
+    with caplog.at_level("WARNING", logger="toolwitness.evaluation"):
+        metrics = await evaluate_async(undecided, dataset, registry_path=registry)
+    assert metrics.accuracy is None and metrics.num_undetermined_responses == len(OBJECTIVE_TABLE)
+    assert "not recorded in the metrics registry" in caplog.text
+    stored = get_all_objective_metrics(registry)
+    assert [e.scorer_identifier.params["name"] for e in stored] == ["decides"]
+    best = sorted(stored, key=lambda x: x.metrics.f1_score, reverse=True)[0]  # the seed's comparison runs
+    assert first.f1_score is not None and f"{best.metrics.f1_score:.4f}" == f"{first.f1_score:.4f}"
