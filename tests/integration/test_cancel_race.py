@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from collector.pipeline.service import ToolwitnessService
 from collector.processors.trace_state import member
@@ -22,11 +21,12 @@ from scoring.models import TraceScorable
 from tests.integration.harness import (
     control_client,
     expects,
+    gone,
     make_config,
     new_span_id,
     new_trace_id,
+    open_stack,
     otlp_span,
-    raw_producer,
     running_service_prepared,
     send_spans,
     until,
@@ -54,7 +54,7 @@ async def test_a_cancel_processed_while_the_sweeper_decides_publishes_no_score(
                 # judged already (its deadline); the client cancels it now, the poll loop records it
                 await seen["client"].cancel(ident)
                 await until(lambda: service.redis.exists(k.cancelled("default", ident)))
-                await until(lambda: _gone(service.redis.zscore(k.deadlines, member("default", ident))))
+                await until(lambda: _none(service.redis.zscore(k.deadlines, member("default", ident))))
                 out = await original(items)
                 seen["result"] = [d for it, d in zip(items, out, strict=True) if it.expectation_id == ident]
                 return out
@@ -63,12 +63,11 @@ async def test_a_cancel_processed_while_the_sweeper_decides_publishes_no_score(
         service.store.decide_many = decide_many  # type: ignore[method-assign]
 
     async with (
-        Redis.from_url(redis_url) as r,
+        open_stack(cfg) as stack,
         running_service_prepared(cfg, prepare) as service,
-        control_client(cfg) as tw,
         control_client(cfg) as observer,
-        raw_producer(cfg) as producer,
     ):
+        r, tw, producer = service.redis, stack.tw, stack.producer
         seen["client"] = tw
         agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
         await send_spans(producer, cfg, trace, agent)
@@ -83,7 +82,7 @@ async def test_a_cancel_processed_while_the_sweeper_decides_publishes_no_score(
         assert observer.events(cancelled) == [], observer.events(cancelled)
 
 
-async def _gone(value: Any) -> bool:
+async def _none(value: Any) -> bool:
     return await value is None
 
 
@@ -118,12 +117,8 @@ async def test_a_decided_expectation_cancelled_later_is_not_judged_again_by_late
         service.store.decide_many = decide_many  # type: ignore[method-assign]
         service.checkpoint.process = process  # type: ignore[method-assign]
 
-    async with (
-        Redis.from_url(redis_url) as r,
-        running_service_prepared(cfg, prepare) as service,
-        control_client(cfg) as tw,
-        raw_producer(cfg) as producer,
-    ):
+    async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        r, tw, producer = service.redis, stack.tw, stack.producer
         agent = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
         await send_spans(
             producer, cfg, trace, agent, otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2)
@@ -135,7 +130,7 @@ async def test_a_decided_expectation_cancelled_later_is_not_judged_again_by_late
         await tw.mark_complete(trace, span_count=2)
         assert verdict(await tw.wait_for(ident, timeout=30)) == "false"
         state = service.store.k.state("default", trace)
-        await until(lambda: _gone(r.get(state)), timeout=20)  # reclaimed: the tombstone lists it
+        await until(lambda: gone(r, state), timeout=20)  # reclaimed: the tombstone lists it
         await tw.cancel(ident)
         await until(lambda: r.exists(service.store.k.cancelled("default", ident)))
         for i in range(5):  # late spans, one record each: each batch recreates or extends the state

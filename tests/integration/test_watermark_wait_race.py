@@ -23,20 +23,18 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from collector.pipeline.service import ToolwitnessService
 from collector.processors.trace_state import SESSION_WAIT, member
 from scoring.models import SessionScorable, TraceScorable
 from tests.integration.harness import (
-    control_client,
     expects,
     history,
     make_config,
     new_span_id,
     new_trace_id,
+    open_stack,
     otlp_span,
-    raw_producer,
     running_service_prepared,
     send_spans,
     until,
@@ -90,12 +88,8 @@ async def test_an_expectation_registered_as_its_traces_wait_is_consumed_is_still
 
         service.store.register = register  # type: ignore[method-assign]
 
-    async with (
-        Redis.from_url(redis_url) as r,
-        running_service_prepared(cfg, prepare) as service,
-        control_client(cfg) as tw,
-        raw_producer(cfg) as producer,
-    ):
+    async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        r, tw, producer = service.redis, stack.tw, stack.producer
         await send_spans(
             producer,
             cfg,
@@ -141,12 +135,8 @@ async def test_a_count_marker_completing_the_last_trace_as_another_wait_is_consu
         service.store.mark_complete = mark_complete  # type: ignore[method-assign]
 
     attrs = {"session.id": session} if shape == "session" else {}
-    async with (
-        Redis.from_url(redis_url) as r,
-        running_service_prepared(cfg, prepare) as service,
-        control_client(cfg) as tw,
-        raw_producer(cfg) as producer,
-    ):
+    async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        r, tw, producer = service.redis, stack.tw, stack.producer
         for trace in (t1, t2):
             root = new_span_id()
             await send_spans(
@@ -193,12 +183,8 @@ async def test_an_orphans_parent_recorded_as_the_traces_wait_is_consumed_is_judg
 
         service.store.apply = apply  # type: ignore[method-assign]
 
-    async with (
-        Redis.from_url(redis_url) as r,
-        running_service_prepared(cfg, prepare) as service,
-        control_client(cfg) as tw,
-        raw_producer(cfg) as producer,
-    ):
+    async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        r, tw, producer = service.redis, stack.tw, stack.producer
         await send_spans(
             producer,
             cfg,
@@ -255,12 +241,8 @@ async def test_evidence_applied_on_an_older_watermark_breaks_a_completion_the_sw
         service.store.mark_complete = mark_complete  # type: ignore[method-assign]
         service.store.apply = apply  # type: ignore[method-assign]
 
-    async with (
-        Redis.from_url(redis_url) as r,
-        running_service_prepared(cfg, prepare) as service,
-        control_client(cfg) as tw,
-        raw_producer(cfg) as producer,
-    ):
+    async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        r, tw, producer = service.redis, stack.tw, stack.producer
         await send_spans(
             producer,
             cfg,
@@ -326,12 +308,8 @@ async def test_a_presence_judged_by_a_batch_contradicting_a_published_false_revi
         service.store.apply = apply  # type: ignore[method-assign]
         service.store.decide_many = decide_many  # type: ignore[method-assign]
 
-    async with (
-        Redis.from_url(redis_url) as r,
-        running_service_prepared(cfg, prepare) as service,
-        control_client(cfg) as tw,
-        raw_producer(cfg) as producer,
-    ):
+    async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        r, tw, producer = service.redis, stack.tw, stack.producer
         await send_spans(
             producer, cfg, trace, otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
         )
