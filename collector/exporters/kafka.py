@@ -63,6 +63,7 @@ class KafkaExporter:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
+            max_batch_size=524288,
             partitioner=KeyPartitioner(),
             max_request_size=max(1048576, DLQ_PREVIEW_BYTES * 4),
             request_timeout_ms=self.cfg.request_timeout_ms,

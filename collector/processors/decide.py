@@ -9,6 +9,7 @@ when the evidence is final (deadline passed, evidence unavailable).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -159,9 +160,13 @@ BYTES_PER_CHAR = 6
 
 
 def _scope_chars(scope: object) -> int:
-    text = getattr(scope, "response_text", None) or ""
-    ids = getattr(scope, "trace_ids", None) or ()
-    return len(text) + 40 * len(ids) + len(getattr(scope, "session_id", "") or "")
+    # A model's fields are in its __dict__: read there, a missing one is not a (costly) failed
+    # attribute lookup through pydantic's __getattr__.
+    fields = getattr(scope, "__dict__", None)
+    get = fields.get if isinstance(fields, dict) else functools.partial(getattr, scope)
+    text = get("response_text", None) or ""
+    ids = get("trace_ids", None) or ()
+    return len(text) + 40 * len(ids) + len(get("session_id", "") or "")
 
 
 def scope_bytes_bound(scope: object) -> int:

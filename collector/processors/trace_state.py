@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, cast
 
+import orjson
 from redis.commands.core import AsyncScript
 
 from collector.config import ServiceConfig
@@ -31,10 +32,28 @@ SEP = "\x1f"
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _facts_json(facts: list[dict[str, Any]]) -> str:
+def _facts_json(facts: list[dict[str, Any]]) -> str | bytes:
     """Span facts as apply_spans.lua reads them: one array per fact, positionally (i, p, r, e,
-    f, x, s) — a fifth smaller and half the encoding time of the objects; one encoder for all."""
-    return _compact_json([[f["i"], f["p"], f["r"], f["e"], f["f"], f["x"], f["s"]] for f in facts])
+    f, x, s) — a fifth smaller and half the encoding time of the objects.
+
+    Written by orjson (UTF-8 kept where ``json`` writes ``\\u`` escapes: the script decodes both
+    to the same strings). What orjson refuses (a lone surrogate from JSON input, an int beyond 64
+    bits) takes the ``json`` encoder, as before."""
+    rows = [[f["i"], f["p"], f["r"], f["e"], f["f"], f["x"], f["s"]] for f in facts]
+    try:
+        return orjson.dumps(rows)
+    except TypeError:
+        return _compact_json(rows)
+
+
+def _loads(raw: str | bytes) -> Any:
+    """``json.loads`` of what the scripts (or this module) wrote, by orjson: the same values, a
+    few times faster. What orjson refuses (invalid UTF-8, NaN) takes ``json.loads``, which
+    behaves as it always did."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 #: traces per apply round trip; a batch keeps all of its round trips in flight at once.
@@ -153,7 +172,7 @@ class TraceState:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> TraceState:
-        d = json.loads(raw)
+        d = _loads(raw)
         x = d.get("x") or []
         return cls(
             span_count=int(d.get("n", 0)),
@@ -311,7 +330,7 @@ class TraceStateStore:
         return out
 
     def _applied(self, r: list[bytes]) -> ApplyResult:
-        d = json.loads(r[0])
+        d = _loads(r[0])
         if d.get("ds"):
             DROPPED.labels(self.name, "max_spans_per_trace").inc(int(d["ds"]))
         if d.get("dx"):
@@ -378,7 +397,7 @@ class TraceStateStore:
                 "1" if c.mode == "inferred" else "0",
             ],
         )
-        d = json.loads(raw)
+        d = _loads(raw)
         return (
             list(d["pend"] or []),
             list(d["dec"] or []),
@@ -731,7 +750,7 @@ class TraceStateStore:
         raw = await self.redis.get(self.k.state(tenant, trace_id))
         if raw is None:
             return []
-        d = json.loads(raw)
+        d = _loads(raw)
         ids = set(d.get("pe") or {})
         for session in d.get("ss") or {}:
             ids.update(await self.session_pending(tenant, session))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+import orjson
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
@@ -113,7 +114,10 @@ class RegisteredExpectation:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> RegisteredExpectation:
-        d = json.loads(raw)
+        try:  # orjson: the same values as json.loads, faster; what it refuses takes json.loads
+            d = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            d = json.loads(raw)
         kind = d["scope"]["kind"]
         scope: Scope
         if kind == "trace":
