@@ -59,6 +59,9 @@ def _watches(verdict: str, version: int) -> bool:
 
 #: how long the sweeper leaves a contradicted decision to the batch that found it (see note_contradicted)
 REJUDGE_GRACE_MS = 5000
+#: how long a decision is left to the process that made it to publish, before another re-sends it
+#: (the sweeper, from the unpublished index; a batch that lost the compare-and-set to it)
+RESEND_GRACE_MS = 2000
 
 
 class Engine:
@@ -199,7 +202,9 @@ class Engine:
         """Steps 2b + 3: compare-and-set each decision (one pipeline), then produce the winners.
 
         A lost race (another instance or an earlier run decided first) re-sends the
-        stored payload if it is not yet marked published: identical bytes, same score_id.
+        stored payload if it is not yet marked published and older than ``RESEND_GRACE_MS``
+        (its maker died, or failed before publishing): identical bytes, same score_id. A
+        younger one is left to its maker, or to the sweeper should the maker die.
         """
         if not outcomes:
             return []
@@ -290,6 +295,11 @@ class Engine:
         for o, d in zip(outcomes, decisions, strict=True):
             exp = o.expectation
             if not d.won and (d.published or d.version > o.version):
+                continue
+            if not d.won and d.decided_ms and now_ms - d.decided_ms < RESEND_GRACE_MS:
+                # Decided moments ago elsewhere (another instance, the sweeper) and being published
+                # there: a re-send now would only duplicate it. Its unpublished mark stays until it
+                # is published, so should that process die first, the sweeper re-sends it.
                 continue
             obs_id = o.observation.observation_id if d.won else decode_observation(d.observation).observation_id
             await self.exporter.send_observation(obs_id, d.observation)

@@ -28,7 +28,7 @@ from collector.config import RedisConfig, ServiceConfig
 from collector.exporters.base import ExportError
 from collector.exporters.kafka import KafkaExporter
 from collector.pipeline.checkpoint import Checkpoint
-from collector.pipeline.engine import Engine, Work
+from collector.pipeline.engine import RESEND_GRACE_MS, Engine, Work
 from collector.pipeline.recovery import Recovery
 from collector.processors.completion import WatermarkTracker
 from collector.processors.resp import RedisClient
@@ -314,7 +314,7 @@ class ToolwitnessService:
 
         deadlines = await claim(k.deadlines, now, now, now + lease)
         waiting = await claim(k.await_watermark, watermark, watermark, watermark + lease)
-        unpublished = await claim(k.unpublished, now - 2000, now, now + lease)
+        unpublished = await claim(k.unpublished, now - RESEND_GRACE_MS, now, now + lease)
         rejudge = await claim(k.revision_deadlines, now, now, now + lease)
         contradicted = await claim(k.rejudge, now, now, now + lease)
         try:

@@ -228,6 +228,9 @@ class Decision:
     verdict: str
     #: refused: the expectation was cancelled (nothing stored, nothing to send, nothing to watch)
     cancelled: bool = False
+    #: when the stored decision was made (ms; 0 = not known: stored by an older version). Read for
+    #: a lost compare-and-set whose winner has not marked it published yet.
+    decided_ms: int = 0
 
 
 def _b(v: Any) -> bytes:
@@ -603,7 +606,7 @@ class TraceStateStore:
             cmds.evalsha(
                 self._decide,
                 [self.k.decision(it.tenant, it.expectation_id), self.k.cancelled(it.tenant, it.expectation_id)],
-                [it.version, it.score_id, it.event, it.observation, it.verdict, self.ttl_ms],
+                [it.version, it.score_id, it.event, it.observation, it.verdict, self.ttl_ms, now],
             )
         raw = (await self._execute(cmds))[1:]
         # a lost compare-and-set carries the stored verdict (published or not): what won
@@ -619,12 +622,17 @@ class TraceStateStore:
             cmds = Commands()
             for i in stale:
                 it = items[i]
-                cmds.add("HMGET", self.k.decision(it.tenant, it.expectation_id), "sid", "ev", "ob", "verdict", "pub")
+                cmds.add(
+                    "HMGET", self.k.decision(it.tenant, it.expectation_id), "sid", "ev", "ob", "verdict", "pub", "at"
+                )
             for i, cur in zip(stale, await self._execute(cmds), strict=True):
                 # Published meanwhile (its payload is then dropped, see mark_published): nothing to re-send.
                 d = out[i]
                 published = _s(cur[4]) == "1"
-                out[i] = Decision(False, d.version, _s(cur[0]), _b(cur[1]), _b(cur[2]), published, _s(cur[3]))
+                at = int(cur[5]) if cur[5] is not None and _s(cur[5]).isdigit() else 0
+                out[i] = Decision(
+                    False, d.version, _s(cur[0]), _b(cur[1]), _b(cur[2]), published, _s(cur[3]), decided_ms=at
+                )
         return out
 
     async def settle(
