@@ -141,20 +141,27 @@ class SpanCountingProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         """Counted when it started."""
 
-    def count(self, trace_id: str) -> int:
-        """Spans recorded so far for a trace (32 lowercase hex), open ones included."""
+    def count(self, trace_id: str) -> int | None:
+        """Spans recorded so far for a trace (32 hex), open ones included; ``None`` for a trace
+        this processor never recorded a span of (a sampler dropped it, another provider recorded
+        it, a mistyped id, or it was popped already).
+
+        ``None``, not 0: ``mark_complete(trace_id, span_count=count)`` then sends a marker
+        without a count, which proves nothing for a trace of which no span was seen. An explicit
+        0 would claim the trace complete and empty, and make "tool X ran" FALSE for a tool that
+        ran in a trace the counter never saw."""
         with self._lock:
-            return self._counts.get(trace_id.lower(), 0)
+            return self._counts.get(trace_id.lower())
 
     def forget(self, trace_id: str) -> None:
         """Drop a trace's count (call after sending its completion marker)."""
         with self._lock:
             self._counts.pop(trace_id.lower(), None)
 
-    def pop(self, trace_id: str) -> int:
-        """``count`` then ``forget``, atomically."""
+    def pop(self, trace_id: str) -> int | None:
+        """``count`` then ``forget``, atomically (``None`` likewise)."""
         with self._lock:
-            return self._counts.pop(trace_id.lower(), 0)
+            return self._counts.pop(trace_id.lower(), None)
 
     def shutdown(self) -> None:
         """Nothing to release; counts stay readable after the provider shuts down."""

@@ -13,6 +13,8 @@ from datetime import timedelta
 
 import pytest
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from collector.config import ScorerTreeConfig
 from collector.pipeline.service import ToolwitnessService
@@ -170,6 +172,37 @@ async def test_marker_before_spans_never_gives_early_false(kafka_bootstrap: str,
         assert verdict(ev) == "false"
         assert ev.coverage.complete
     agent.close()
+
+
+async def test_the_readme_marker_of_a_trace_the_counter_never_saw_gives_no_false(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    # The README's pattern, ``mark_complete(t, span_count=counter.count(t))``, for a trace the
+    # sampler dropped (the tool ran; no span was recorded or exported) and for a mistyped id. The
+    # counter said 0 for both, so the markers claimed complete, empty traces: "search ran" was FALSE.
+    cfg = make_config(kafka_bootstrap, redis_url)
+    agent = make_agent(cfg)
+    dropped = TracerProvider(sampler=ALWAYS_OFF)
+    dropped.add_span_processor(agent.counter)  # the same counter, on a provider that samples nothing
+    async with running_service(cfg), control_client(cfg) as tw:
+        with dropped.get_tracer("dropped").start_as_current_span("agent", context=Context()) as root:
+            with dropped.get_tracer("dropped").start_as_current_span(
+                "search", attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}
+            ):
+                pass
+            unsampled = f"{root.get_span_context().trace_id:032x}"
+        sampled = agent.trace("search")
+        mistyped = sampled[:-1] + ("0" if sampled[-1] != "0" else "1")
+        ids = {}
+        for t in (unsampled, mistyped, sampled):
+            ids[t] = await tw.expect(TraceScorable(trace_ids=(t,)), expects("search"), deadline=timedelta(seconds=3))
+            await tw.mark_complete(t, span_count=agent.counter.count(t))
+        assert verdict(await tw.wait_for(ids[sampled], timeout=30)) == "true"
+        for t in (unsampled, mistyped):
+            ev = await tw.wait_for(ids[t], timeout=30)
+            assert (verdict(ev), ev.coverage.complete, ev.trigger) == ("undetermined", False, "deadline"), t
+    agent.close()
+    dropped.shutdown()
 
 
 async def _wait_spans(service: object, trace_id: str, n: int) -> None:
