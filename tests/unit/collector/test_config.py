@@ -315,3 +315,46 @@ def test_the_effective_config_validate_config_prints_loads_again(tmp_path: Path)
     second = CliRunner().invoke(app, ["validate-config", "--config", str(again)])
     assert second.exit_code == 0, second.output
     assert set(Decider(load_config(again, env={})).trees) == {"t"}
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        # a second section replaced the first: the service ran against the default broker
+        ("kafka:\n  bootstrap_servers: 'broker-a:9092'\nredis:\n  url: redis://r:6379/0\nkafka:\n  client_id: s-1\n",
+         r"key kafka is given twice \(lines 1 and 5\)"),
+        ("kafka:\n  group_id: a\n  group_id: b\n", r"key kafka\.group_id is given twice \(lines 2 and 3\)"),
+        # the later tree (an inverter) silently reversed every TRUE/FALSE of the first
+        ("scorers:\n  tools: {type: otel_tool_call}\n  tools: {type: inverter, scorer: {type: otel_tool_call}}\n",
+         r"key scorers\.tools is given twice \(lines 2 and 3\)"),
+        ("scorers:\n  t:\n    type: composite\n    aggregator: and\n    scorers:\n"
+         "      - {type: otel_tool_call}\n      - {type: substring, substring: a, substring: b}\n",
+         r"key scorers\.t\.scorers\[1\]\.substring is given twice \(line 7\)"),
+    ],
+    ids=["section", "key", "scorer-tree", "in-a-list"],
+)
+def test_a_key_given_twice_is_refused_with_its_path_and_lines(tmp_path: Path, yaml_text: str, message: str) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(p, env={})
+
+
+def test_a_merge_key_may_still_be_overridden(tmp_path: Path) -> None:
+    # `<<: *base` then an explicit key is YAML's override, not a key given twice
+    p = tmp_path / "c.yaml"
+    p.write_text("kafka:\n  <<: {group_id: a, client_id: c}\n  group_id: b\n")
+    kafka = load_config(p, env={}).kafka
+    assert (kafka.group_id, kafka.client_id) == ("b", "c")
+
+
+def test_validate_config_exits_2_on_a_key_given_twice(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from collector.cli import app
+
+    p = tmp_path / "c.yaml"
+    p.write_text("kafka:\n  group_id: a\nkafka:\n  group_id: b\n")
+    result = CliRunner().invoke(app, ["validate-config", "--config", str(p)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "key kafka is given twice (lines 1 and 3)" in result.output
