@@ -4,8 +4,10 @@ Every key is validated at start-up; an unknown key, a key given twice or a bad v
 with the dotted path of the offending key. Environment variables override YAML:
 ``TOOLWITNESS_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets ``kafka.bootstrap_servers``
 (double underscore separates levels); the shorthands ``TOOLWITNESS_KAFKA_BOOTSTRAP``
-and ``TOOLWITNESS_REDIS_URL`` are accepted too. Secrets never live in the file:
-the config names the environment variables that hold them.
+and ``TOOLWITNESS_REDIS_URL`` are accepted too. ``TOOLWITNESS_SCORERS__<NAME>__<KEY>`` adds
+or changes one scorer tree; the file's other trees (or, with no ``scorers`` section, the
+default ``tools``) stay. Secrets never live in the file: the config names the environment
+variables that hold them.
 """
 
 from __future__ import annotations
@@ -269,15 +271,32 @@ def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     node[path[-1]] = _merged(node.get(path[-1]), value)
 
 
+def _model_in(ann: Any) -> type[BaseModel] | None:
+    """The model ``ann`` names, itself or in ``Model | None`` (None if it names no model)."""
+    for t in get_args(ann) if get_origin(ann) in (Union, UnionType) else (ann,):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+    return None
+
+
 def _leaf_type(path: tuple[str, ...]) -> Any:
-    """The annotation of the config field at ``path`` (None if there is no such field)."""
-    model: Any = ServiceConfig
-    ann: Any = None
-    for part in path:
-        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+    """The annotation of the config field at ``path`` (None if there is no such field).
+
+    A name in a mapping of named entries (``scorers.<name>``) is stepped over, and a nested
+    ``scorer`` / ``fallback_scorer`` walked into, so a tree's text keys are known as text too."""
+    ann: Any = ServiceConfig
+    parts = list(path)
+    while parts:
+        part = parts.pop(0)
+        if get_origin(ann) is dict:  # ``part`` is the entry's name: its value's type, then its keys
+            ann = get_args(ann)[1]
+            if not parts:
+                return ann
+            part = parts.pop(0)
+        model = _model_in(ann)
+        if model is None or part not in model.model_fields:
             return None
         ann = model.model_fields[part].annotation
-        model = ann
     return ann
 
 
@@ -301,7 +320,8 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any, s
 
     ``TOOLWITNESS_<SECTION>__<KEY>`` (double underscores between levels). A value is taken as
     JSON (numbers, booleans, lists, objects) unless the key is a text field, which keeps it
-    verbatim (``TOOLWITNESS_KAFKA__GROUP_ID=2024`` is the group "2024")."""
+    verbatim (``TOOLWITNESS_KAFKA__GROUP_ID=2024`` is the group "2024", and
+    ``TOOLWITNESS_SCORERS__T__SUBSTRING=null`` the substring "null")."""
     out: list[tuple[tuple[str, ...], Any, str]] = []
     near = {"_".join(p).upper(): "__".join(p).upper() for p in _config_paths() if len(p) > 1}
     # a misspelt top-level key (TOOLWITNESS_LOGLEVEL): the same letters without underscores
@@ -385,8 +405,14 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config {path}: top level must be a mapping, got {type(loaded).__name__}")
         data = loaded or {}
+    overrides = _env_overrides(os.environ if env is None else env)
+    if "scorers" not in data and any(p[0] == "scorers" for p, _, _ in overrides):
+        # A variable adds or changes one tree, as it changes one key of any section: the default
+        # trees stay (``tools`` is the scorer ToolwitnessClient.expect names by default).
+        defaults = ServiceConfig.model_fields["scorers"].get_default(call_default_factory=True)
+        data["scorers"] = {n: t.model_dump(exclude_defaults=True) for n, t in defaults.items()}
     sources: dict[str, str] = {}
-    for p, v, var in _env_overrides(os.environ if env is None else env):
+    for p, v, var in overrides:
         named = data.get("scorers")
         if len(p) > 1 and p[0] == "scorers" and isinstance(named, dict) and p[1] not in named:
             # environment names are upper case: TOOLWITNESS_SCORERS__MYTOOLS__... means the
@@ -403,5 +429,12 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         for e in exc.errors(include_url=False):
             where = ".".join(str(x) for x in e["loc"])
             origin = next((v for k, v in sources.items() if where == k or where.startswith(k + ".")), None)
-            problems.append(f"{where}: {e['msg']}" + (f" (set by {origin})" if origin else ""))
+            # a section's or tree's own check (keys that do not go together) fails at the section
+            below = [v for k, v in sources.items() if k.startswith(where + ".")]
+            if origin:
+                problems.append(f"{where}: {e['msg']} (set by {origin})")
+            elif below:
+                problems.append(f"{where}: {e['msg']} (keys in it set by {', '.join(below)})")
+            else:
+                problems.append(f"{where}: {e['msg']}")
         raise ConfigError(f"invalid configuration: {'; '.join(problems)}") from None

@@ -358,3 +358,39 @@ def test_validate_config_exits_2_on_a_key_given_twice(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate-config", "--config", str(p)])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and "key kafka is given twice (lines 1 and 3)" in result.output
+
+
+def test_an_env_scorer_tree_is_added_to_the_trees_not_put_in_their_place(tmp_path: Path) -> None:
+    # A variable adds or changes one tree: the default `tools` (client.expect's default scorer) was dropped.
+    strict = {"TOOLWITNESS_SCORERS__STRICT__TYPE": "inverter",
+              "TOOLWITNESS_SCORERS__STRICT__SCORER": '{"type": "otel_tool_call"}'}
+    cfg = load_config(None, env=strict)
+    assert set(Decider(cfg).trees) == {"tools", "strict"}
+    assert cfg.scorers["tools"].type == "otel_tool_call" and cfg.scorers["strict"].type == "inverter"
+    # a file's trees stay as they are (it names its own: no default is added to them)
+    p = tmp_path / "c.yaml"
+    p.write_text("scorers:\n  mine: {type: otel_tool_call}\n")
+    assert set(load_config(p, env=strict).scorers) == {"mine", "strict"}
+
+
+def test_env_text_keys_of_a_scorer_tree_are_taken_verbatim(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("scorers:\n  secret: {type: substring, substring: x}\n"
+                 "  t: {type: threshold, threshold: 0.5, scorer: {type: plagiarism, reference_text: x}}\n")
+    cfg = load_config(p, env={"TOOLWITNESS_SCORERS__SECRET__SUBSTRING": "1234",  # JSON made it a number
+                              "TOOLWITNESS_SCORERS__T__SCORER__REFERENCE_TEXT": "null",  # ... or None
+                              "TOOLWITNESS_SCORERS__T__THRESHOLD": "0.7"})  # non-text keys are still JSON
+    assert cfg.scorers["secret"].substring == "1234"
+    t = cfg.scorers["t"]
+    assert t.threshold == 0.7 and t.scorer is not None and t.scorer.reference_text == "null"
+    cfg = load_config(p, env={"TOOLWITNESS_SCORERS__SECRET__SUBSTRING": "null"})
+    assert cfg.scorers["secret"].substring == "null"
+
+
+def test_env_errors_in_a_scorer_tree_name_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"scorers\.t\.type: .*\(set by TOOLWITNESS_SCORERS__T__TYPE\)"):
+        load_config(None, env={"TOOLWITNESS_SCORERS__T__TYPE": "nope"})
+    # a tree's own check fails at the tree: the variables that set keys in it are named
+    with pytest.raises(ConfigError, match=r"scorers\.tools: .*\['threshold'\] do\(es\) not apply to type "
+                       r"'otel_tool_call'.*\(keys in it set by TOOLWITNESS_SCORERS__TOOLS__THRESHOLD\)"):
+        load_config(None, env={"TOOLWITNESS_SCORERS__TOOLS__THRESHOLD": "0.5"})
