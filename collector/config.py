@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from collector.wire.convert import TENANT
 from scoring.score.tree import TREE_KEYS_BY_TYPE, keys_not_for
 
 
@@ -33,6 +34,8 @@ class _Section(BaseModel):
 
 
 class TenantConfig(_Section):
+    #: tenant of a record that names none: the same names as every other way in (client, exporter,
+    #: sidecar), as it becomes part of Redis keys and score records
     default: str = "default"
     #: Kafka header carrying the tenant (wins over the resource attribute).
     header: str = "toolwitness-tenant"
@@ -41,6 +44,13 @@ class TenantConfig(_Section):
     #: ``default``), so only a producer that sets the header (e.g. ``toolwitness sidecar
     #: --tenant``) names a tenant.
     resource_attribute: str = "toolwitness.tenant"
+
+    @field_validator("default")
+    @classmethod
+    def _tenant_name(cls, v: str) -> str:
+        if not TENANT.fullmatch(v):
+            raise ValueError(f"tenant {v[:80]!r} is not {TENANT.pattern}")
+        return v
 
 
 #: what Kafka accepts as a topic name

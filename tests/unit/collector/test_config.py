@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from collector.client import ToolwitnessClient
 from collector.config import ConfigError, load_config
 from collector.processors.decide import Decider
 
@@ -394,3 +395,22 @@ def test_env_errors_in_a_scorer_tree_name_the_variable() -> None:
     with pytest.raises(ConfigError, match=r"scorers\.tools: .*\['threshold'\] do\(es\) not apply to type "
                        r"'otel_tool_call'.*\(keys in it set by TOOLWITNESS_SCORERS__TOOLS__THRESHOLD\)"):
         load_config(None, env={"TOOLWITNESS_SCORERS__TOOLS__THRESHOLD": "0.5"})
+
+
+@pytest.mark.parametrize("tenant", ["acme corp", "", "a:b", "x" * 65])
+def test_a_default_tenant_no_client_could_name_is_refused(tmp_path: Path, tenant: str) -> None:
+    # ToolwitnessClient, the exporter and the sidecar refuse such a tenant; so does the config now
+    with pytest.raises(ValueError, match="tenant"):
+        ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant=tenant)
+    p = tmp_path / "c.yaml"
+    p.write_text(f"tenant:\n  default: '{tenant}'\n")
+    with pytest.raises(ConfigError, match=r"tenant\.default: .*is not \[A-Za-z0-9\._-\]\{1,64\}"):
+        load_config(p, env={})
+    with pytest.raises(ConfigError, match=r"tenant\.default: .*\(set by TOOLWITNESS_TENANT__DEFAULT\)"):
+        load_config(None, env={"TOOLWITNESS_TENANT__DEFAULT": tenant})
+
+
+def test_a_usual_default_tenant_still_loads(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("tenant:\n  default: tenant-b.1_A\n")
+    assert load_config(p, env={}).tenant.default == "tenant-b.1_A"
