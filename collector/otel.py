@@ -18,8 +18,9 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from opentelemetry.context import Context
@@ -32,7 +33,8 @@ from opentelemetry.trace import format_trace_id
 
 from collector.client import kafka_security_kwargs
 from collector.config import KafkaSecurityConfig
-from collector.telemetry.metrics import EXPORT_FAILURES
+from collector.producer import RecordRefusedError, RenewingProducer, topic_record_limit
+from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES
 from collector.wire.convert import TENANT
 from scoring.normalize.spans import LENGTH_LIMITED_FLAG
 from scoring.score.observation.exporter import UnboundedAttributeLimitsError, check_attribute_limits
@@ -51,6 +53,7 @@ COMPONENT = "kafka_span_exporter"
 #: Kafka header carrying the tenant (``TenantConfig.header``).
 TENANT_HEADER = "toolwitness-tenant"
 _ZERO_TRACE = bytes(16)
+_T = TypeVar("_T")
 _ZERO_SPAN = bytes(8)
 
 
@@ -202,13 +205,46 @@ def _flag_length_limited(request: Any, spans: Sequence[ReadableSpan]) -> None:
                     sp.attributes.add(key=LENGTH_LIMITED_FLAG).value.bool_value = True
 
 
+class _RefusalLog:
+    """Refused traces at WARNING, at most one line per ``interval_s`` (the rest counted in the next)."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self._interval_s = interval_s
+        self._next_at = 0.0
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def refused(self, topic: str, refusals: Sequence[tuple[str, RecordRefusedError]]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_at:
+                self._suppressed += len(refusals)
+                for trace_id, exc in refusals:
+                    log.debug("%s: trace %s not written to %r: %s", COMPONENT, trace_id, topic, exc.reason)
+                return
+            suppressed, self._suppressed, self._next_at = self._suppressed, 0, now + self._interval_s
+        more = f" ({suppressed} more refused since the last warning)" if suppressed else ""
+        for trace_id, exc in refusals:
+            log.warning(
+                "%s: trace %s not written to Kafka topic %r, its evidence is lost: %s%s",
+                COMPONENT, trace_id, topic, exc.reason, more,
+            )
+            more = ""
+
+
 class KafkaSpanExporter(SpanExporter):
     """An OTel SDK ``SpanExporter`` producing ``otlp_proto`` records to Kafka, keyed by trace id.
 
     The idempotent producer (``enable_idempotence=True``, ``acks="all"``) lives on a private
     asyncio loop in a daemon thread; ``export()`` (called from SDK threads) submits to it and
-    waits at most ``timeout_s``. Errors never escape: they are logged once per outage and
-    reported as ``FAILURE``.
+    waits at most ``timeout_s``. Errors never escape: they are reported as ``FAILURE``.
+
+    Each trace's record is sent on its own: one Kafka refuses (over this exporter's
+    ``max_request_size`` or the topic's ``max.message.bytes``, which is read when the producer
+    starts) is lost alone, logged at WARNING with its trace id and the reason (at most one line
+    per 10 s), and the call returns ``FAILURE`` (the OTel exporter result has no partial
+    success); the other traces of the call are written. A producer the broker's refusal left
+    out of sequence is replaced. Outages (no broker, timeouts) are logged once until recovered.
     """
 
     def __init__(
@@ -236,8 +272,8 @@ class KafkaSpanExporter(SpanExporter):
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._producer: Any = None
-        self._producer_lock: asyncio.Lock | None = None
+        self._producers = RenewingProducer(self._new_producer, component=COMPONENT, timeout_s=timeout_s, logger=log)
+        self._refusals = _RefusalLog()
         self._closed = False
         self._failing = False
 
@@ -275,52 +311,45 @@ class KafkaSpanExporter(SpanExporter):
             finally:
                 loop.close()
 
-    async def _get_producer(self) -> Any:
-        if self._producer_lock is None:
-            self._producer_lock = asyncio.Lock()
-        async with self._producer_lock:
-            if self._producer is None:
-                producer = AIOKafkaProducer(
-                    bootstrap_servers=self._bootstrap,
-                    client_id=self._client_id,
-                    enable_idempotence=True,
-                    acks="all",
-                    max_request_size=self._max_request_size,
-                    request_timeout_ms=max(1000, int(self._timeout_s * 1000)),
-                    **self._kafka_kwargs,
-                )
-                try:
-                    await producer.start()
-                except BaseException:
-                    with contextlib.suppress(Exception):
-                        await producer.stop()
-                    raise
-                self._producer = producer
-            return self._producer
+    async def _new_producer(self) -> Any:
+        # Limited to the topic's own record limit when lower: a record over it is refused here,
+        # not by the broker (which would leave the producer out of sequence, to be replaced).
+        topic_limit = await topic_record_limit(
+            self._bootstrap, self._topic, kafka_kwargs=self._kafka_kwargs, timeout_s=self._timeout_s
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap,
+            client_id=self._client_id,
+            enable_idempotence=True,
+            acks="all",
+            max_request_size=min(self._max_request_size, topic_limit or self._max_request_size),
+            request_timeout_ms=max(1000, int(self._timeout_s * 1000)),
+            **self._kafka_kwargs,
+        )
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await producer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        return producer
 
-    async def _send(self, records: list[tuple[bytes, bytes]]) -> None:
-        producer = await self._get_producer()
-        pending = [
-            await producer.send(self._topic, value=value, key=key, headers=list(self._headers) or None)
-            for key, value in records
-        ]
-        await asyncio.gather(*pending)
+    async def _send(self, records: list[tuple[bytes | None, bytes]]) -> list[BaseException | None]:
+        return await self._producers.send_each(self._topic, records, self._headers or None)
 
     async def _stop_producer(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            await producer.stop()
+        await self._producers.stop()
 
     async def _flush(self) -> None:
-        if self._producer is not None:
-            await self._producer.flush()
+        await self._producers.flush()
 
-    def _run(self, coro_factory: Callable[[], Coroutine[Any, Any, None]], timeout_s: float) -> None:
+    def _run(self, coro_factory: Callable[[], Coroutine[Any, Any, _T]], timeout_s: float) -> _T:
         """Run a coroutine on the private loop and wait for it (cancelled on timeout)."""
         loop = self._ensure_loop()
         fut = asyncio.run_coroutine_threadsafe(coro_factory(), loop)
         try:
-            fut.result(timeout=timeout_s)
+            return fut.result(timeout=timeout_s)
         except TimeoutError:
             fut.cancel()
             raise TimeoutError(f"not acknowledged by Kafka within {timeout_s}s") from None
@@ -328,6 +357,7 @@ class KafkaSpanExporter(SpanExporter):
     # -- SpanExporter ----------------------------------------------------------------------------
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Write one record per trace; ``FAILURE`` if any trace of the batch was not written."""
         if self._closed:
             return SpanExportResult.FAILURE
         try:
@@ -336,8 +366,18 @@ class KafkaSpanExporter(SpanExporter):
             parts = split_by_trace(request)
             if not parts:
                 return SpanExportResult.SUCCESS
-            records = [(tid.encode("ascii"), req.SerializeToString()) for tid, req in parts.items()]
-            self._run(lambda: self._send(records), self._timeout_s)
+            records: list[tuple[bytes | None, bytes]] = [
+                (tid.encode("ascii"), req.SerializeToString()) for tid, req in parts.items()
+            ]
+            results = self._run(lambda: self._send(records), self._timeout_s)
+            refused = [(tid, r) for tid, r in zip(parts, results, strict=True) if isinstance(r, RecordRefusedError)]
+            if refused:  # these records alone: Kafka refuses them, sending them again would not help
+                EXPORT_FAILURES.labels(component=COMPONENT).inc()
+                DROPPED.labels(component=COMPONENT, reason="record_refused").inc(len(refused))
+                self._refusals.refused(self._topic, refused)
+            failed = next((r for r in results if r is not None and not isinstance(r, RecordRefusedError)), None)
+            if failed is not None:
+                raise failed
         except Exception as exc:
             EXPORT_FAILURES.labels(component=COMPONENT).inc()
             if not self._failing:
@@ -353,7 +393,7 @@ class KafkaSpanExporter(SpanExporter):
         if self._failing:
             self._failing = False
             log.info("%s: exporting to Kafka topic %r recovered", COMPONENT, self._topic)
-        return SpanExportResult.SUCCESS
+        return SpanExportResult.FAILURE if refused else SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         with self._lock:

@@ -24,9 +24,7 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import MessageSizeTooLargeError, OutOfOrderSequenceNumber
+from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -40,6 +38,7 @@ from collector.client import kafka_security_kwargs
 from collector.config import KafkaConfig
 from collector.grpc_server import GrpcServer, GrpcServerConfig
 from collector.otel import split_by_trace_with_rejects
+from collector.producer import RecordRefusedError, RenewingProducer, topic_record_limit
 from collector.receivers.lenient import parse_lenient
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES, SPANS_IN
 
@@ -102,10 +101,11 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
     def __init__(self, config: SidecarConfig, *, bearer_token: str | None = None) -> None:
         super().__init__(config, bearer_token)
         self._kafka_kwargs = kafka_security_kwargs(config.kafka.security)
-        self._producer: Any = None
         self._record_limit = config.kafka.max_record_bytes
-        self._renewing = asyncio.Lock()
-        self._stale = False  # the producer's sequence broke and its renewal failed: renew first
+        # the factory is looked up on each call (a test replaces ``_new_producer``)
+        self._producers = RenewingProducer(
+            lambda: self._new_producer(), component=COMPONENT, timeout_s=self._timeout_s, logger=log, extra=_EXTRA
+        )
         self.forwarded_records = 0
         self.rejected_spans = 0
 
@@ -138,16 +138,19 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
 
     async def _before_start(self) -> None:
         # The topic's own record limit, when lower than ours: a record the broker refuses leaves
-        # the idempotent producer with a gap in its sequence numbers that it never recovers from
-        # (every later send to that partition fails), so such a record must never leave here.
-        topic_limit = await self._topic_record_limit()
-        if topic_limit is not None and topic_limit < self.config.kafka.max_record_bytes:
+        # the idempotent producer with a gap in its sequence numbers, so it must be renewed
+        # (``RenewingProducer``); a record over the limit had better never leave here.
+        kafka = self.config.kafka
+        topic_limit = await topic_record_limit(
+            kafka.bootstrap_servers, kafka.topics.spans, kafka_kwargs=self._kafka_kwargs, timeout_s=self._timeout_s
+        )
+        if topic_limit is not None and topic_limit < kafka.max_record_bytes:
             log.info(
                 "%s: topic %s takes records up to %d bytes (max.message.bytes): larger traces are rejected here",
-                COMPONENT, self.config.kafka.topics.spans, topic_limit, extra=_EXTRA,
+                COMPONENT, kafka.topics.spans, topic_limit, extra=_EXTRA,
             )
-        self._record_limit = min(self.config.kafka.max_record_bytes, topic_limit or self.config.kafka.max_record_bytes)
-        self._producer = await self._new_producer()
+        self._record_limit = min(kafka.max_record_bytes, topic_limit or kafka.max_record_bytes)
+        await self._producers.start()
 
     async def _new_producer(self) -> Any:
         kafka = self.config.kafka
@@ -164,52 +167,11 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
             await producer.start()
         return producer
 
-    async def _topic_record_limit(self) -> int | None:
-        """The spans topic's ``max.message.bytes`` (None if it cannot be read: the topic does not
-        exist yet, or the principal may not describe it)."""
-        kafka = self.config.kafka
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, **self._kafka_kwargs)
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                await admin.start()
-                resource = ConfigResource(ConfigResourceType.TOPIC, kafka.topics.spans)
-                (response,) = await admin.describe_configs([resource])
-            entries = response.to_object()["resources"][0]["config_entries"]
-            value = next((e["config_value"] for e in entries if e["config_names"] == "max.message.bytes"), None)
-            return int(value) if value is not None else None
-        except Exception as exc:
-            log.debug("%s: could not read the configs of %s: %r", COMPONENT, kafka.topics.spans, exc, extra=_EXTRA)
-            return None
-        finally:
-            with contextlib.suppress(Exception):
-                await admin.close()
-
-    async def _renew_producer(self, broken: Any) -> None:
-        """Replace a producer the broker put out of sequence (a refused record; a lost batch). The
-        broken one stays until a new one has started: a failed renewal is tried again by the next
-        Export (``_stale``), never leaving the receiver without a producer."""
-        async with self._renewing:
-            if self._producer is not broken:
-                return  # another call renewed it already
-            log.warning("%s: renewing the Kafka producer (its sequence broke)", COMPONENT, extra=_EXTRA)
-            try:
-                fresh = await self._new_producer()
-            except Exception as exc:
-                self._stale = True
-                log.warning("%s: renewing the Kafka producer failed, next call retries: %r", COMPONENT, exc,
-                            extra=_EXTRA)
-                return
-            self._producer, self._stale = fresh, False
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(self._timeout_s):
-                    await broken.stop()
-
     async def _after_stop(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
+        if self._producers.started:
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    await producer.stop()
+                    await self._producers.stop()
             except Exception as exc:
                 log.warning("%s: stopping the Kafka producer failed: %r", COMPONENT, exc, extra=_EXTRA)
 
@@ -221,10 +183,7 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
 
     async def handle_export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
         await self._check_auth(context)
-        if self._stale and self._producer is not None:
-            await self._renew_producer(self._producer)
-        producer = self._producer
-        if producer is None:
+        if not self._producers.started:
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, "the receiver is shutting down")
         parts, rejected = split_by_trace_with_rejects(request)
         errors: list[str] = []
@@ -233,46 +192,30 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         topic = self.config.kafka.topics.spans
         tenant = self.config.tenant
         headers = [(self.config.tenant_header, tenant.encode())] if tenant else None
-        pending: list[Any] = []
-        sent: list[tuple[str, int]] = []  # (trace id, span count) of each pending record
-
-        def too_large(trace_id: str, n: int) -> None:
-            nonlocal rejected
-            rejected += n
-            errors.append(f"trace {trace_id}: {n} span(s) exceed the record size limit")
-
+        traces = [(trace_id, _span_count(part)) for trace_id, part in parts.items()]
+        records = [(trace_id.encode("ascii"), part.SerializeToString()) for trace_id, part in parts.items()]
         try:
-            for trace_id, part in parts.items():
-                try:
-                    pending.append(
-                        await producer.send(
-                            topic, value=part.SerializeToString(), key=trace_id.encode("ascii"), headers=headers
-                        )
-                    )
-                    sent.append((trace_id, _span_count(part)))
-                except MessageSizeTooLargeError:  # over our own producer's limit
-                    too_large(trace_id, _span_count(part))
+            # each trace on its own: one the broker (or our limit) refuses costs only itself, and
+            # a producer it left out of sequence is renewed (``RenewingProducer``)
             async with asyncio.timeout(self._timeout_s):
-                results = await asyncio.gather(*pending, return_exceptions=True)
-            for (trace_id, n), result in zip(sent, results, strict=True):
-                if isinstance(result, MessageSizeTooLargeError):  # the broker's (the topic's) limit
-                    too_large(trace_id, n)
-            if any(isinstance(r, MessageSizeTooLargeError | OutOfOrderSequenceNumber) for r in results):
-                # the broker refused a record (a limit lowered since start): this producer's
-                # sequence has a gap now, and no later send would succeed on it
-                await self._renew_producer(producer)
+                results = await self._producers.send_each(topic, records, headers)
+            for (trace_id, n), result in zip(traces, results, strict=True):
+                if isinstance(result, RecordRefusedError):
+                    rejected += n
+                    if isinstance(result.__cause__, MessageSizeTooLargeError | RecordListTooLargeError):
+                        errors.append(f"trace {trace_id}: {n} span(s) exceed the record size limit")
+                    else:  # sending it again would be refused again
+                        errors.append(f"trace {trace_id}: {n} span(s) refused by Kafka: {result.reason}")
             for result in results:
-                if isinstance(result, BaseException) and not isinstance(result, MessageSizeTooLargeError):
+                if result is not None and not isinstance(result, RecordRefusedError):
                     raise result  # anything else: the exporter retries the whole call
         except Exception as exc:
-            for fut in pending:
-                fut.cancel()
             EXPORT_FAILURES.labels(component=COMPONENT).inc()
             log.warning("%s: forwarding to Kafka topic %r failed: %r", COMPONENT, topic, exc, extra=_EXTRA)
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, "forwarding to Kafka failed; retry")
         accepted = _span_count(request) - rejected
         SPANS_IN.labels(component=COMPONENT).inc(max(accepted, 0))
-        self.forwarded_records += len(pending) - sum(isinstance(r, BaseException) for r in results)
+        self.forwarded_records += sum(r is None for r in results)
         if rejected:
             self.rejected_spans += rejected
             DROPPED.labels(component=COMPONENT, reason="rejected_span").inc(rejected)

@@ -30,6 +30,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -40,9 +41,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as OtlpResource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import format_trace_id
 from pydantic import ValidationError
 
@@ -241,6 +243,95 @@ async def test_one_export_call_writes_one_record_per_trace(kafka_bootstrap: str,
     assert sorted(r.key.decode() for r in records) == sorted(traces)
     assert all(not r.headers for r in records), "no tenant configured: no tenant header"
     check_span_records(records, traces)
+
+
+def sized_trace_spans(*sizes: int) -> tuple[list[ReadableSpan], list[str]]:
+    """One single-span trace per size (a tool span whose arguments are that many bytes), in order:
+    a mixed batch such as BatchSpanProcessor hands the exporter."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(
+        sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=SpanLimits.UNSET), shutdown_on_exit=False
+    )
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("tw.it.agent")
+    trace_ids = []
+    for size in sizes:
+        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                      "gen_ai.tool.call.arguments": "x" * size}
+        with tracer.start_as_current_span("execute_tool search", context=Context(), attributes=attributes) as span:
+            trace_ids.append(format_trace_id(span.get_span_context().trace_id))
+    provider.shutdown()
+    return list(memory.get_finished_spans()), trace_ids
+
+
+async def lower_record_limit(bootstrap: str, topic: str, limit: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})])
+    finally:
+        await admin.close()
+
+
+@pytest.mark.parametrize("refused_by", ["producer", "broker"])
+async def test_a_trace_kafka_refuses_costs_an_export_only_that_trace(
+    kafka_bootstrap: str, topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture, refused_by: str
+) -> None:
+    # One export call (a BatchSpanProcessor batch mixes traces) with a trace Kafka refuses and a
+    # small one, on one partition. The refusal stopped the send loop (the producer's own 1 MiB
+    # limit) or broke the idempotent producer's sequence (the broker's limit, lowered after the
+    # exporter started): the small trace was lost too. Now only the refused trace is lost, named
+    # in a WARNING, and the call says FAILURE.
+    topic = await topic_factory(1)
+    exporter = KafkaSpanExporter(bootstrap_servers=kafka_bootstrap, topic=topic, timeout_s=10)
+    (first,), (before,) = sized_trace_spans(10)
+    spans, (big, small) = sized_trace_spans(2_000_000 if refused_by == "producer" else 300_000, 10)
+    (last,), (after,) = sized_trace_spans(10)
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            assert await asyncio.to_thread(exporter.export, [first]) is SpanExportResult.SUCCESS
+            if refused_by == "broker":
+                await lower_record_limit(kafka_bootstrap, topic, 100_000)
+            with caplog.at_level(logging.WARNING, logger="collector.otel"):
+                assert await asyncio.to_thread(exporter.export, spans) is SpanExportResult.FAILURE
+            assert await asyncio.to_thread(exporter.export, [last]) is SpanExportResult.SUCCESS
+    finally:
+        await asyncio.to_thread(exporter.shutdown)
+    records = await read_records(kafka_bootstrap, topic, 3)
+    assert [r.key.decode() for r in records] == [before, small, after]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and big in r.getMessage()]
+    assert ("record size limit" if refused_by == "producer" else "max.message.bytes") in warning
+
+
+@pytest.mark.parametrize("lowered", ["before-start", "after-start"])
+async def test_a_trace_the_topic_refuses_does_not_stop_the_exporter(
+    kafka_bootstrap: str, topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture, lowered: str
+) -> None:
+    # The spans topic takes records up to 100 kB. A 300 kB trace the broker refused left the
+    # idempotent producer with a gap in its sequence: every later export failed
+    # (OutOfOrderSequenceNumber, logged at DEBUG) and every later trace lost its evidence. The
+    # topic's limit is read when the producer starts (before-start: refused here), and a producer
+    # the broker refused is replaced (after-start).
+    topic = await topic_factory(1, configs={"max.message.bytes": "100000"} if lowered == "before-start" else {})
+    exporter = KafkaSpanExporter(bootstrap_servers=kafka_bootstrap, topic=topic, timeout_s=10)
+    exports = [sized_trace_spans(size) for size in (10, 300_000, 10, 10)]
+    results = []
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            for i, (spans, _) in enumerate(exports):
+                if i == 1 and lowered == "after-start":
+                    await lower_record_limit(kafka_bootstrap, topic, 100_000)
+                with caplog.at_level(logging.WARNING, logger="collector.otel"):
+                    results.append(await asyncio.to_thread(exporter.export, spans))
+    finally:
+        await asyncio.to_thread(exporter.shutdown)
+    ok, refused = SpanExportResult.SUCCESS, SpanExportResult.FAILURE
+    assert results == [ok, refused, ok, ok]
+    keys = [r.key.decode() for r in await read_records(kafka_bootstrap, topic, 3)]
+    assert keys == [tids[0] for i, (_, tids) in enumerate(exports) if i != 1]
+    big = exports[1][1][0]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and big in r.getMessage()]
+    assert "300" in warning and ("record size limit (100000 bytes)" in warning or "max.message.bytes" in warning)
 
 
 # --------------------------------------------------------------------------------------------------
