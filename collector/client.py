@@ -42,6 +42,7 @@ from google.protobuf.message import DecodeError
 
 from collector.config import KafkaConfig, KafkaSecurityConfig, TopicsConfig
 from collector.exporters.partition import KeyPartitioner
+from collector.producer import RecordRefusedError, RenewingProducer
 from collector.wire.convert import (
     TENANT,
     ControlDecodeError,
@@ -508,13 +509,8 @@ class ToolwitnessClient:
             try:
                 if self._create_topics:
                     await self.ensure_topics()
-                self._producer = AIOKafkaProducer(
-                    bootstrap_servers=self.bootstrap_servers,
-                    client_id=self._client_id,
-                    enable_idempotence=True,
-                    acks="all",
-                    request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
-                    **self._kafka_kwargs,
+                self._producer = RenewingProducer(
+                    self._new_producer, component="toolwitness client", timeout_s=self.timeout_s, logger=log
                 )
                 async with asyncio.timeout(self.timeout_s):
                     await self._producer.start()
@@ -590,16 +586,48 @@ class ToolwitnessClient:
         if not self._started:
             raise RuntimeError("ToolwitnessClient is not started: use `async with` or await start()")
 
-    async def _send(self, topic: str, key: str, value: bytes) -> None:
+    async def _new_producer(self) -> AIOKafkaProducer:
+        """A started idempotent producer (the first at ``start()``; a new one when a record the
+        broker refused left the last out of sequence: see ``collector.producer``)."""
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=self._client_id,
+            enable_idempotence=True,
+            acks="all",
+            request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
+            **self._kafka_kwargs,
+        )
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await producer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        return producer
+
+    async def _send(self, topic: str, key: str, value: bytes, what: str = "record") -> None:
         self._require_started()
         try:
             async with asyncio.timeout(self.timeout_s):
-                await self._producer.send_and_wait(topic, value=value, key=key.encode("utf-8"))
+                (error,) = await self._producer.send_each(topic, [(key.encode("utf-8"), value)])
         except TimeoutError:
             raise TimeoutError(f"record to {topic!r} not acknowledged within {self.timeout_s}s") from None
+        if isinstance(error, RecordRefusedError):  # this record only: the next calls work
+            raise RecordRefusedError(
+                f"{what} to topic {topic!r} refused by Kafka: {error.reason}",
+                topic=topic, key=error.key, size=error.size, reason=error.reason,
+            ) from error.__cause__
+        if error is not None:
+            raise error
 
     async def _send_control(self, key: str, msg: control_pb2.ControlMessage) -> None:
-        await self._send(self.topics.control, key, msg.SerializeToString(deterministic=True))
+        kind = {"expectation": "expectation", "completion": "completion marker", "cancel": "cancel"}.get(
+            msg.WhichOneof("message") or "", "control record"
+        )
+        await self._send(
+            self.topics.control, key, msg.SerializeToString(deterministic=True), what=f"{kind} {key!r}"
+        )
 
     async def expect(
         self,

@@ -51,6 +51,7 @@ from pydantic import ValidationError
 from collector.client import ToolwitnessClient, ensure_topics
 from collector.config import KafkaConfig, TopicsConfig
 from collector.otel import TENANT_HEADER, KafkaSpanExporter, SpanCountingProcessor
+from collector.producer import RecordRefusedError
 from collector.receivers.otlp_grpc import SidecarConfig, create_sidecar, run_sidecar
 from collector.wire.convert import (
     decode_control,
@@ -399,6 +400,36 @@ async def test_control_records_decode_to_what_was_asked(
     assert m.WhichOneof("target") == "session_id" and m.session_id == "conv-7"
     c = msgs[5].cancel
     assert (c.tenant, c.expectation_id, c.reason) == ("acme", "my-id", "changed my mind")
+
+
+async def test_a_control_record_the_broker_refuses_fails_alone(
+    kafka_bootstrap: str, topics: TopicsConfig, topic_factory: TopicFactory
+) -> None:
+    # The control topic takes records up to 100 kB; an expectation with a 300 kB objective is
+    # refused by the broker. That left the client's idempotent producer with a gap in its
+    # sequence: every later expect/mark_complete failed (OutOfOrderSequenceNumber) until the
+    # client was recreated. The refused call says what was refused and why; later calls work.
+    control = await topic_factory(1, configs={"max.message.bytes": "100000"})
+    scope = TraceScorable(trace_ids=(TRACE,))
+    given = ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name="search"),)),))
+    async with (
+        asyncio.timeout(TIMEOUT_S),
+        ToolwitnessClient(
+            bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics.model_copy(update={"control": control})
+        ) as tw,
+    ):
+        first = await tw.expect(scope, given)
+        with pytest.raises(RecordRefusedError) as info:
+            await tw.expect(scope, given, objective="o" * 300_000, expectation_id="too-big")
+        assert "expectation 'too-big'" in str(info.value) and "max.message.bytes" in str(info.value)
+        await tw.mark_complete(TRACE, span_count=1)
+        after = await tw.expect(scope, given)
+        await tw.cancel(after)
+    records = await read_records(kafka_bootstrap, control, 4)
+    assert [r.key.decode() for r in records] == [first, TRACE, after, after]
+    assert [decode_control(r.value).WhichOneof("message") for r in records] == [
+        "expectation", "completion", "expectation", "cancel",
+    ]
 
 
 async def test_client_creates_missing_topics(kafka_bootstrap: str, kafka_admin: AIOKafkaAdminClient) -> None:
