@@ -50,7 +50,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 COMPONENT = "kafka_span_exporter"
-#: Kafka header carrying the tenant (``TenantConfig.header``).
+#: the default Kafka header carrying the tenant (the service's ``tenant.header``; the exporter's
+#: ``tenant_header`` when a deployment renamed it).
 TENANT_HEADER = "toolwitness-tenant"
 _ZERO_TRACE = bytes(16)
 _T = TypeVar("_T")
@@ -245,6 +246,10 @@ class KafkaSpanExporter(SpanExporter):
     per 10 s), and the call returns ``FAILURE`` (the OTel exporter result has no partial
     success); the other traces of the call are written. A producer the broker's refusal left
     out of sequence is replaced. Outages (no broker, timeouts) are logged once until recovered.
+
+    ``tenant`` is stamped on every record as the Kafka header ``tenant_header``: the service's
+    ``tenant.header`` (default ``toolwitness-tenant``; a deployment that renamed it passes the
+    same name here).
     """
 
     def __init__(
@@ -253,6 +258,7 @@ class KafkaSpanExporter(SpanExporter):
         bootstrap_servers: str,
         topic: str = "otlp_spans",
         tenant: str | None = None,
+        tenant_header: str = TENANT_HEADER,
         timeout_s: float = 10.0,
         security: KafkaSecurityConfig | None = None,
         client_id: str = "toolwitness-otel-exporter",
@@ -262,9 +268,11 @@ class KafkaSpanExporter(SpanExporter):
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if tenant is not None and not TENANT.fullmatch(tenant):  # the service would dead-letter every record
             raise ValueError(f"tenant {tenant!r} is not [A-Za-z0-9._-]{{1,64}}")
+        if not tenant_header:
+            raise ValueError("tenant_header must not be empty")
         self._bootstrap = bootstrap_servers
         self._topic = topic
-        self._headers: list[tuple[str, bytes]] = [(TENANT_HEADER, tenant.encode("utf-8"))] if tenant else []
+        self._headers: list[tuple[str, bytes]] = [(tenant_header, tenant.encode("utf-8"))] if tenant else []
         self._timeout_s = timeout_s
         self._client_id = client_id
         self._max_request_size = max_request_size

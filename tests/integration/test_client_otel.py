@@ -246,6 +246,23 @@ async def test_one_export_call_writes_one_record_per_trace(kafka_bootstrap: str,
     check_span_records(records, traces)
 
 
+async def test_the_exporter_stamps_the_tenant_under_the_header_it_is_given(
+    kafka_bootstrap: str, topics: TopicsConfig
+) -> None:
+    # The service's tenant.header is configurable; the exporter wrote only "toolwitness-tenant".
+    spans, traces = captured_spans()
+    exporter = KafkaSpanExporter(bootstrap_servers=kafka_bootstrap, topic=topics.spans, tenant="acme",
+                                 tenant_header="x-org")
+    try:
+        assert await asyncio.to_thread(exporter.export, spans) is SpanExportResult.SUCCESS
+    finally:
+        await asyncio.to_thread(exporter.shutdown)
+    records = await read_records(kafka_bootstrap, topics.spans, len(traces))
+    assert all(list(r.headers) == [("x-org", b"acme")] for r in records)
+    with pytest.raises(ValueError, match="tenant_header"):
+        KafkaSpanExporter(bootstrap_servers=kafka_bootstrap, tenant="acme", tenant_header="")
+
+
 def sized_trace_spans(*sizes: int) -> tuple[list[ReadableSpan], list[str]]:
     """One single-span trace per size (a tool span whose arguments are that many bytes), in order:
     a mixed batch such as BatchSpanProcessor hands the exporter."""

@@ -29,13 +29,14 @@ from datetime import timedelta
 
 import pytest
 
-from scoring.models import SessionScorable
+from scoring.models import SessionScorable, TraceScorable
 from tests.integration.harness import (
     control_client,
     drop_stack,
     expectation_bytes,
     expects,
     header,
+    make_agent,
     make_config,
     new_span_id,
     new_trace_id,
@@ -215,5 +216,26 @@ async def test_score_records_are_keyed_by_tenant_and_id_and_say_their_tenant(
         assert got == [(b"acme/run-1", "acme", want_type), (b"globex/run-1", "globex", want_type)]
         observations = await read_all(kafka_bootstrap, cfg.kafka.topics.observations)
         assert observations and all(header(r, "content-type") == want_type for r in observations)
+    finally:
+        await drop_stack(cfg)
+
+
+async def test_the_otel_exporter_stamps_the_header_the_service_reads(kafka_bootstrap: str, redis_url: str) -> None:
+    """A deployment that renamed ``tenant.header``: KafkaSpanExporter(tenant=...) wrote the
+    hard-coded ``toolwitness-tenant`` header, so its spans went to the default tenant and the
+    tenant's expectation never saw them. ``tenant_header`` names the configured header."""
+    cfg = make_config(kafka_bootstrap, redis_url, tenant={"header": HEADER, "resource_attribute": ""})
+    try:
+        async with running_service(cfg), control_client(cfg, tenant="acme") as acme:
+            agent = make_agent(cfg, tenant="acme")  # KafkaSpanExporter(tenant="acme", tenant_header=HEADER)
+            try:
+                trace = await asyncio.to_thread(agent.trace, "search")
+                eid = await acme.expect(TraceScorable(trace_ids=(trace,)), expects("search"))
+                await acme.mark_complete(trace, span_count=agent.counter.count(trace))
+                assert verdict(await acme.wait_for(eid, timeout=30)) == "true"
+            finally:
+                await asyncio.to_thread(agent.close)
+        records = await read_all(kafka_bootstrap, cfg.kafka.topics.spans)
+        assert records and all(list(r.headers) == [(HEADER, b"acme")] for r in records)
     finally:
         await drop_stack(cfg)
