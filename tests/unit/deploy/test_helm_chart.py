@@ -572,6 +572,71 @@ def test_fail_fast_checks(helm: Helm, sets: list[str], message: str) -> None:
     assert message in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"kafka": {"bootstrap_servers": "kafka"}}, "at '/config/kafka/bootstrap_servers'"),
+        ({"kafka": {"bootstrap_servers": "kafka:9092,kafka-1"}}, "at '/config/kafka/bootstrap_servers'"),
+        ({"kafka": {"bootstrap_servers": "kafka:99999"}},
+         "config.kafka.bootstrap_servers: port 99999 is not a TCP port"),
+        ({"redis": {"url": "redis://redis:6379/prod"}}, "at '/config/redis/url'"),
+        ({"redis": {"url": "redis://redis:http/0"}}, "at '/config/redis/url'"),
+        ({"redis": {"url": "redis://redis:99999/0"}}, "config.redis.url: port 99999 is not a TCP port"),
+        ({"tenant": {"default": "team/a"}}, "at '/config/tenant/default'"),
+        ({"tenant": {"default": "t" * 65}}, "at '/config/tenant/default'"),
+        ({"scorers": {"tools": {"type": "composite", "aggregator": "and"}}},
+         "config.scorers.tools: type composite needs a non-empty scorers list"),
+        ({"scorers": {"tools": {"type": "composite", "scorers": [{"type": "otel_tool_call"}]}}},
+         "config.scorers.tools: type composite needs aggregator"),
+        ({"scorers": {"tools": {"type": "otel_tool_call", "substring": "x"}}},
+         "config.scorers.tools: substring does not apply to type otel_tool_call (it takes: no other key)"),
+        ({"scorers": {"tools": {"type": "substring"}}}, "config.scorers.tools: type substring needs substring"),
+        ({"scorers": {"sim": {"type": "plagiarism", "reference_text": "r"}}},
+         "config.scorers.sim: a tree's root must be true/false, not plagiarism"),
+        ({"scorers": {"t": {"type": "threshold", "threshold": 0.5, "scorer": {"type": "otel_tool_call"}}}},
+         "config.scorers.t: a threshold needs a float-scale scorer"),
+        ({"scorers": {"c": {"type": "composite", "aggregator": "or", "scorers": [
+            {"type": "otel_tool_call"}, {"type": "inverter", "scorer": {"type": "substring"}}]}}},
+         "config.scorers.c.scorers[1].scorer: type substring needs substring"),
+    ],
+    ids=["bootstrap-without-port", "second-bootstrap-without-port", "bootstrap-port-out-of-range",
+         "redis-db-not-a-number", "redis-port-not-a-number", "redis-port-out-of-range", "tenant-with-slash",
+         "tenant-too-long", "composite-without-children", "composite-without-aggregator",
+         "otel-tool-call-with-substring", "substring-without-substring", "float-scale-root",
+         "threshold-over-true-false", "nested-node-missing-its-key"],
+)
+def test_values_the_service_refuses_fail_the_render(
+    helm: Helm, tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    """What the service (or its pipeline) would refuse at start-up, crash-looping every pod, the chart refuses first."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"config": values}))
+    proc = helm.template(values=[path])
+    assert proc.returncode != 0, f"helm template accepted {values}"
+    assert message in proc.stderr, proc.stderr
+
+
+def test_valid_edge_values_render_and_load_in_the_service(helm: Helm, tmp_path: Path) -> None:
+    """The tightened checks still let through what the service accepts."""
+    values = {
+        "tenant": {"default": "team-a.prod_1"},
+        "kafka": {"bootstrap_servers": "kafka-0:9092, kafka-1:9092,[fd00::1]:9092"},
+        "redis": {"url": "rediss://toolwitness@redis:6380/2?ssl_cert_reqs=required"},
+        "scorers": {
+            "tools": {"type": "otel_tool_call", "case_sensitive": False},
+            "similar": {"type": "threshold", "threshold": 0.0, "scorer": {"type": "plagiarism", "reference_text": "r"}},
+            "either": {"type": "composite", "aggregator": "or", "scorers": [
+                {"type": "otel_tool_call"}, {"type": "inverter", "scorer": {"type": "substring", "substring": "x"}}]},
+        },
+    }
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"config": values}))
+    docs = helm.render_docs(values=[path])
+    config = tmp_path / "config.yaml"
+    config.write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
+    assert set(Decider(load_config(config, env={})).trees) == {"tools", "similar", "either"}
+
+
 # --------------------------------------------------------------------------- Kafka ACLs
 
 

@@ -370,6 +370,79 @@ CA-only one), its listener certificate. */}}
 {{- end }}
 
 {{/*
+The port of config.redis.url ("" for unix://; 6379, redis-py's default, when the URL names
+none). The schema has already checked the URL's shape.
+*/}}
+{{- define "toolwitness.redisPort" -}}
+{{- $url := .Values.config.redis.url }}
+{{- if not (hasPrefix "unix://" $url) }}
+{{- $hostport := regexReplaceAll "^.*@" (regexFind "^[^/?#]*" (regexReplaceAll "^rediss?://" $url "")) "" }}
+{{- default "6379" (trimPrefix ":" (regexFind ":[0-9]*$" $hostport)) }}
+{{- end }}
+{{- end }}
+
+{{/* The ports of config.kafka.bootstrap_servers, as a JSON list of ints (duplicates dropped). */}}
+{{- define "toolwitness.kafkaPorts" -}}
+{{- $ports := list }}
+{{- range splitList "," .Values.config.kafka.bootstrap_servers }}
+{{- $ports = append $ports (int (regexFind "[0-9]+$" (trim .))) }}
+{{- end }}
+{{- uniq $ports | toJson }}
+{{- end }}
+
+{{/*
+Scorer tree shape, as the service checks it (scoring.score.tree.build_scorer_tree): each type
+takes only its own keys (TREE_KEYS_BY_TYPE; a key left at false or [] says nothing), needs
+the ones it cannot run without, and children are of the family their parent takes. Called
+with (list path node); outputs the node's family: "tf" (true/false) or "float".
+*/}}
+{{- define "toolwitness.validateScorerTree" -}}
+{{- $path := index . 0 }}
+{{- $node := index . 1 }}
+{{- $type := $node.type }}
+{{- $takes := dict "otel_tool_call" (list) "substring" (list "substring" "case_sensitive") "plagiarism" (list "reference_text") "composite" (list "aggregator" "scorers") "inverter" (list "scorer") "threshold" (list "scorer" "threshold") "fallback" (list "scorer" "fallback_scorer") }}
+{{- $needs := dict "otel_tool_call" (list) "substring" (list "substring") "plagiarism" (list "reference_text") "composite" (list "aggregator" "scorers") "inverter" (list "scorer") "threshold" (list "scorer" "threshold") "fallback" (list "scorer" "fallback_scorer") }}
+{{- $own := get $takes $type }}
+{{- range $k, $v := $node }}
+{{- $unset := and (or (kindIs "bool" $v) (kindIs "slice" $v)) (empty $v) }}
+{{- if and (not $unset) (not (has $k (concat (list "type" "categories") $own))) }}
+{{- fail (printf "%s: %s does not apply to type %s (it takes: %s)" $path $k $type (default "no other key" (join ", " $own))) }}
+{{- end }}
+{{- end }}
+{{- range $k := get $needs $type }}
+{{- $v := get $node $k }}
+{{- if or (not (hasKey $node $k)) (eq (toString $v) "") (and (kindIs "slice" $v) (empty $v)) }}
+{{- fail (printf "%s: type %s needs %s" $path $type (ternary "a non-empty scorers list" $k (eq $k "scorers"))) }}
+{{- end }}
+{{- end }}
+{{- if eq $type "plagiarism" }}float
+{{- else if eq $type "composite" }}
+{{- range $i, $child := $node.scorers }}
+{{- $p := printf "%s.scorers[%d]" $path $i }}
+{{- if ne (include "toolwitness.validateScorerTree" (list $p $child)) "tf" }}
+{{- fail (printf "%s: a composite takes true/false scorers only, not %s (float scale): wrap it in a threshold" $p $child.type) }}
+{{- end }}
+{{- end }}tf
+{{- else if eq $type "inverter" }}
+{{- if ne (include "toolwitness.validateScorerTree" (list (printf "%s.scorer" $path) $node.scorer)) "tf" }}
+{{- fail (printf "%s: an inverter needs a true/false scorer, not %s (float scale)" $path $node.scorer.type) }}
+{{- end }}tf
+{{- else if eq $type "threshold" }}
+{{- if ne (include "toolwitness.validateScorerTree" (list (printf "%s.scorer" $path) $node.scorer)) "float" }}
+{{- fail (printf "%s: a threshold needs a float-scale scorer (plagiarism, or a fallback of them), not %s" $path $node.scorer.type) }}
+{{- end }}tf
+{{- else if eq $type "fallback" }}
+{{- $a := include "toolwitness.validateScorerTree" (list (printf "%s.scorer" $path) $node.scorer) }}
+{{- $b := include "toolwitness.validateScorerTree" (list (printf "%s.fallback_scorer" $path) $node.fallback_scorer) }}
+{{- if ne $a $b }}
+{{- fail (printf "%s: fallback: scorer and fallback_scorer must be of the same family (both true/false or both float scale)" $path) }}
+{{- end }}
+{{- $a }}
+{{- else }}tf
+{{- end }}
+{{- end }}
+
+{{/*
 Fail-fast checks of combinations the schema cannot express. Included by the ConfigMap
 (so `helm template` and `helm lint` stop on them) and by NOTES.txt.
 */}}
@@ -459,6 +532,21 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- end }}
 {{- if and $v.podDisruptionBudget.enabled (not $v.autoscaling.enabled) (ge (int $v.podDisruptionBudget.maxUnavailable) (int $v.replicaCount)) (gt (int $v.replicaCount) 1) }}
 {{- fail "podDisruptionBudget.maxUnavailable must be lower than replicaCount, or a drain may stop every consumer at once" }}
+{{- end }}
+{{- range $name, $tree := $v.config.scorers }}
+{{- if eq (include "toolwitness.validateScorerTree" (list (printf "config.scorers.%s" $name) $tree)) "float" }}
+{{- fail (printf "config.scorers.%s: a tree's root must be true/false, not %s (float scale): wrap it in a threshold" $name $tree.type) }}
+{{- end }}
+{{- end }}
+{{- range fromJsonArray (include "toolwitness.kafkaPorts" .) }}
+{{- if or (lt (int .) 1) (gt (int .) 65535) }}
+{{- fail (printf "config.kafka.bootstrap_servers: port %d is not a TCP port (1-65535)" (int .)) }}
+{{- end }}
+{{- end }}
+{{- with include "toolwitness.redisPort" . }}
+{{- if or (lt (atoi .) 1) (gt (atoi .) 65535) }}
+{{- fail (printf "config.redis.url: port %s is not a TCP port (1-65535)" .) }}
+{{- end }}
 {{- end }}
 {{- range $v.extraEnv }}
 {{- if hasPrefix "TOOLWITNESS_" .name }}
