@@ -14,6 +14,7 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -511,13 +512,56 @@ def test_network_policy_allows_only_kafka_redis_dns_egress(
     docs = rendered[name]
     values = yaml.safe_load(example_values(name).read_text()) or {}
     egress_values = values.get("networkPolicy", {}).get("egress", {})
-    kafka_ports = set(egress_values.get("kafka", {}).get("ports", [9092]))
-    redis_ports = set(egress_values.get("redis", {}).get("ports", [6379]))
+    cfg = service_config(docs)
+    # No ports in the values: the chart derives them from the bootstrap servers and the Redis URL.
+    kafka_ports = set(egress_values.get("kafka", {}).get("ports") or
+                      [int(s.rsplit(":", 1)[1]) for s in cfg["kafka"]["bootstrap_servers"].split(",")])
+    redis_ports = set(egress_values.get("redis", {}).get("ports") or [urlsplit(cfg["redis"]["url"]).port or 6379])
     netpol = one(docs, "NetworkPolicy")
     assert netpol["spec"]["policyTypes"] == ["Ingress", "Egress"]
     allowed = {(p.get("protocol", "TCP"), p["port"]) for rule in netpol["spec"]["egress"] for p in rule["ports"]}
     expected = {("TCP", p) for p in kafka_ports | redis_ports} | {("UDP", 53), ("TCP", 53)}
     assert allowed == expected
+
+
+def egress_ports(netpol: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(p.get("protocol", "TCP"), p["port"]) for rule in netpol["spec"]["egress"] for p in rule["ports"]}
+
+
+def test_network_policy_follows_the_configured_ports(helm: Helm) -> None:
+    """Kafka and Redis on other ports than 9092/6379: the pods (scorer and sidecar) may still reach them."""
+    docs = helm.render_docs(sets=[
+        r"config.kafka.bootstrap_servers=kafka-0:9094\,kafka-1:9094\,kafka-2:9095",
+        "config.redis.url=rediss://redis:6380/0",
+        "sidecar.enabled=true",
+    ])
+    dns = {("UDP", 53), ("TCP", 53)}
+    assert egress_ports(one(docs, "NetworkPolicy")) == {("TCP", 9094), ("TCP", 9095), ("TCP", 6380)} | dns
+    assert egress_ports(one(docs, "NetworkPolicy", f"{RELEASE}-sidecar")) == {("TCP", 9094), ("TCP", 9095)} | dns
+    # A Redis URL without a port means redis-py's 6379; a unix socket needs no Redis egress at all.
+    no_port = helm.render_docs(sets=["config.redis.url=redis://redis/0"])
+    assert ("TCP", 6379) in egress_ports(one(no_port, "NetworkPolicy"))
+    unix = helm.render_docs(sets=["config.redis.url=unix:///run/redis/redis.sock"])
+    assert egress_ports(one(unix, "NetworkPolicy")) == {("TCP", 9092)} | dns
+    # Explicit ports are used as written (e.g. brokers advertising other ports than the bootstrap one).
+    extra = helm.render_docs(sets=["networkPolicy.egress.kafka.ports={9092,9093}"])
+    assert egress_ports(one(extra, "NetworkPolicy")) == {("TCP", 9092), ("TCP", 9093), ("TCP", 6379)} | dns
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["config.kafka.bootstrap_servers=kafka:9094", "networkPolicy.egress.kafka.ports={9092}"],
+         "networkPolicy.egress.kafka.ports [9092] does not include port 9094 of config.kafka.bootstrap_servers"),
+        (["config.redis.url=rediss://redis:6380/0", "networkPolicy.egress.redis.ports={6379}"],
+         "networkPolicy.egress.redis.ports [6379] does not include port 6380 of config.redis.url"),
+    ],
+    ids=["kafka", "redis"],
+)
+def test_network_policy_ports_that_block_the_configured_port_fail(helm: Helm, sets: list[str], message: str) -> None:
+    proc = helm.template(sets=sets)
+    assert proc.returncode != 0, f"helm template accepted {sets}"
+    assert message in proc.stderr, proc.stderr
 
 
 def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, list[dict[str, Any]]]) -> None:

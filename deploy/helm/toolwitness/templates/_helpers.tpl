@@ -319,7 +319,7 @@ CA-only one), its listener certificate. */}}
 - ports:
     {{- range .ports }}
     - protocol: TCP
-      port: {{ . }}
+      port: {{ int . }}
     {{- end }}
   {{- if or .namespaces .podLabels .cidrs }}
   to:
@@ -388,6 +388,30 @@ none). The schema has already checked the URL's shape.
 {{- $ports = append $ports (int (regexFind "[0-9]+$" (trim .))) }}
 {{- end }}
 {{- uniq $ports | toJson }}
+{{- end }}
+
+{{/* The ports the service connects to (list root "kafka"|"redis"), as a JSON list: every port of
+config.kafka.bootstrap_servers, or the port of config.redis.url (none for unix://). */}}
+{{- define "toolwitness.configuredPorts" -}}
+{{- $root := index . 0 }}
+{{- if eq (index . 1) "kafka" }}
+{{- include "toolwitness.kafkaPorts" $root }}
+{{- else }}
+{{- $port := include "toolwitness.redisPort" $root }}
+{{- ternary (list) (list (atoi $port)) (empty $port) | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* NetworkPolicy egress ports of Kafka or Redis (list root "kafka"|"redis"), as a JSON list:
+networkPolicy.egress.<kind>.ports when set, else the configured ports (above). */}}
+{{- define "toolwitness.egressPorts" -}}
+{{- $root := index . 0 }}
+{{- $explicit := (get $root.Values.networkPolicy.egress (index . 1)).ports }}
+{{- if $explicit }}
+{{- toJson $explicit }}
+{{- else }}
+{{- include "toolwitness.configuredPorts" . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -546,6 +570,20 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- with include "toolwitness.redisPort" . }}
 {{- if or (lt (atoi .) 1) (gt (atoi .) 65535) }}
 {{- fail (printf "config.redis.url: port %s is not a TCP port (1-65535)" .) }}
+{{- end }}
+{{- end }}
+{{- if $v.networkPolicy.enabled }}
+{{- $settings := dict "kafka" (printf "config.kafka.bootstrap_servers (%s)" $v.config.kafka.bootstrap_servers) "redis" (printf "config.redis.url (%s)" $v.config.redis.url) }}
+{{- range $kind := list "kafka" "redis" }}
+{{- $allowed := list }}
+{{- range (get $v.networkPolicy.egress $kind).ports }}{{- $allowed = append $allowed (int .) }}{{- end }}
+{{- if $allowed }}
+{{- range fromJsonArray (include "toolwitness.configuredPorts" (list $ $kind)) }}
+{{- if not (has (int .) $allowed) }}
+{{- fail (printf "networkPolicy.egress.%s.ports %v does not include port %d of %s, so the NetworkPolicy would block it: add the port, or set ports to [] to derive them from %s" $kind $allowed (int .) (get $settings $kind) (index (splitList " " (get $settings $kind)) 0)) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- range $v.extraEnv }}
