@@ -601,6 +601,12 @@ def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, 
         (["serviceMonitor.enabled=true", "networkPolicy.ingress.namespaces={monitoring}", "service.enabled=false"],
          "needs service.enabled"),
         (["serviceMonitor.enabled=true"], "blocks every scrape"),
+        (["serviceMonitor.enabled=true", "networkPolicy.ingress.namespaces={monitoring}",
+          "serviceMonitor.interval=10s", "serviceMonitor.scrapeTimeout=30s"],
+         "serviceMonitor.scrapeTimeout (30s) must be at most serviceMonitor.interval (10s)"),
+        (["serviceMonitor.enabled=true", "networkPolicy.ingress.namespaces={monitoring}",
+          "serviceMonitor.interval=1m", "serviceMonitor.scrapeTimeout=61s"],
+         "serviceMonitor.scrapeTimeout (61s) must be at most serviceMonitor.interval (1m)"),
         (["extraEnv[0].name=POD"], "missing property 'valueFrom'"),
         (
             ["autoscaling.enabled=true", "autoscaling.minReplicas=4", "autoscaling.maxReplicas=2"],
@@ -679,6 +685,13 @@ def test_valid_edge_values_render_and_load_in_the_service(helm: Helm, tmp_path: 
     config = tmp_path / "config.yaml"
     config.write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     assert set(Decider(load_config(config, env={})).trees) == {"tools", "similar", "either"}
+
+
+def test_scrape_timeout_up_to_the_interval_renders(helm: Helm) -> None:
+    docs = helm.render_docs(sets=["serviceMonitor.enabled=true", "networkPolicy.ingress.namespaces={monitoring}",
+                                  "serviceMonitor.interval=1m", "serviceMonitor.scrapeTimeout=60000ms"])
+    (endpoint,) = one(docs, "ServiceMonitor")["spec"]["endpoints"]
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("1m", "60000ms")
 
 
 # --------------------------------------------------------------------------- Kafka ACLs

@@ -466,6 +466,12 @@ with (list path node); outputs the node's family: "tf" (true/false) or "float".
 {{- end }}
 {{- end }}
 
+{{/* A Prometheus duration the schema allows ("<digits>ms|s|m|h") in milliseconds. */}}
+{{- define "toolwitness.durationMs" -}}
+{{- $factor := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 }}
+{{- mul (int64 (regexFind "^[0-9]+" .)) (get $factor (regexFind "[a-z]+$" .)) }}
+{{- end }}
+
 {{/*
 Fail-fast checks of combinations the schema cannot express. Included by the ConfigMap
 (so `helm template` and `helm lint` stop on them) and by NOTES.txt.
@@ -584,6 +590,11 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- with $v.serviceMonitor }}
+{{- if and .enabled (gt (int64 (include "toolwitness.durationMs" .scrapeTimeout)) (int64 (include "toolwitness.durationMs" .interval))) }}
+{{- fail (printf "serviceMonitor.scrapeTimeout (%s) must be at most serviceMonitor.interval (%s): Prometheus refuses a scrape timeout longer than the scrape interval" .scrapeTimeout .interval) }}
 {{- end }}
 {{- end }}
 {{- range $v.extraEnv }}
