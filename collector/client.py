@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -370,6 +371,13 @@ def build_expectation(
 # --------------------------------------------------------------------------------------------------
 # The client
 # --------------------------------------------------------------------------------------------------
+
+
+def _unsubscribe(
+    subscribers: list[asyncio.Queue[score_pb2.ScoreEvent | None]], q: asyncio.Queue[score_pb2.ScoreEvent | None]
+) -> None:
+    with contextlib.suppress(ValueError):
+        subscribers.remove(q)
 
 
 class ExpectationCancelledError(Exception):
@@ -878,10 +886,13 @@ class ToolwitnessClient:
         for q in self._subscribers:
             q.put_nowait(None)
 
-    async def scores(self, *, include_received: bool = True) -> AsyncGenerator[score_pb2.ScoreEvent, None]:
+    def scores(self, *, include_received: bool = True) -> AsyncGenerator[score_pb2.ScoreEvent, None]:
         """Distinct score events as they arrive (first those already received, unless told not to).
 
-        Ends when the client stops; raises if the scores consumer failed.
+        The subscription starts when ``scores()`` is called, not at the first ``anext``: a stream
+        opened before ``expect`` yields that expectation's score even when it is iterated later.
+        Ends when the client stops; raises if the scores consumer failed. A stream that is no
+        longer read keeps every new event until it is closed (``aclose()``) or garbage collected.
         """
         self._require_started()
         q: asyncio.Queue[score_pb2.ScoreEvent | None] = asyncio.Queue()
@@ -889,6 +900,15 @@ class ToolwitnessClient:
             for received in self._arrived.values():
                 q.put_nowait(received)
         self._subscribers.append(q)
+        stream = self._stream(q)
+        # An async generator that is never started runs no ``finally`` when it is dropped: its
+        # queue leaves the subscribers when the generator object is collected.
+        weakref.finalize(stream, _unsubscribe, self._subscribers, q)
+        return stream
+
+    async def _stream(
+        self, q: asyncio.Queue[score_pb2.ScoreEvent | None]
+    ) -> AsyncGenerator[score_pb2.ScoreEvent, None]:
         try:
             while True:
                 ev = await q.get()
@@ -898,7 +918,7 @@ class ToolwitnessClient:
                     return
                 yield ev
         finally:
-            self._subscribers.remove(q)
+            _unsubscribe(self._subscribers, q)
 
     async def wait_for(
         self, expectation_id: str, timeout: float, *, tenant: str | None = None

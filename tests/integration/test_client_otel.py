@@ -17,6 +17,7 @@ Every wait ends on a condition (a record, an offset) under a timeout, never on a
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 import time
@@ -536,6 +537,28 @@ async def test_wait_for_returns_the_score_and_drops_identical_resends(
 
     with pytest.raises(TimeoutError, match="no score for expectation 'never'"):
         await client.wait_for("never", timeout=0.2)
+
+
+async def test_a_score_stream_subscribes_when_opened_and_a_dropped_one_unsubscribes(
+    topics: TopicsConfig, client: ToolwitnessClient, producer: AIOKafkaProducer
+) -> None:
+    async with asyncio.timeout(TIMEOUT_S):
+        # Opened "from now" before the score exists, read only after the score has arrived.
+        stream = client.scores(include_received=False)
+        sent = score_event("opened-before")
+        await producer.send_and_wait(topics.scores, value=encode(sent, "protobuf"), partition=0)
+        assert await client.wait_for("opened-before", timeout=TIMEOUT_S) == sent
+        # Already in the stream's queue when wait_for returned: no waiting for the broker here.
+        assert await asyncio.wait_for(anext(stream), 5) == sent
+        await stream.aclose()
+        assert client._subscribers == []
+
+    # A stream that is opened and never read does not keep the client's events forever.
+    abandoned = client.scores()
+    assert len(client._subscribers) == 1
+    del abandoned
+    gc.collect()
+    assert client._subscribers == []
 
 
 async def test_scores_sent_before_start_are_not_seen(
