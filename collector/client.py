@@ -769,52 +769,68 @@ class ToolwitnessClient:
         return best
 
     async def _consume(self) -> None:
+        """The background scores reader. Broker errors (``KafkaError``) anywhere in a round --
+        reading, re-positioning after a re-assignment -- are retried; any other error ends it,
+        and is then recorded and raised to every waiter and stream, now and later."""
+        try:
+            await self._read_scores()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.error("the scores consumer stopped: %r", exc)
+            self._consumer_error = exc
+            # What wait_for and scores() raise once it is recorded, for those waiting now too.
+            failed = RuntimeError("the scores consumer failed")
+            failed.__cause__ = exc
+            self._wake_all(failed)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _read_scores(self) -> None:
         failing = False
         while True:
             try:
-                batch = await self._consumer.getmany(timeout_ms=500)
-            except asyncio.CancelledError:
-                raise
+                await self._read_round()
             except KafkaError as exc:
                 if not failing:
                     log.warning("reading scores from %s failed (retrying): %r", self.topics.scores, exc)
                 failing = True
                 await asyncio.sleep(0.5)
                 continue
-            except Exception as exc:
-                log.error("the scores consumer stopped: %r", exc)
-                self._consumer_error = exc
-                self._wake_all(exc)
-                return
             if failing:
                 log.info("reading scores from %s recovered", self.topics.scores)
                 failing = False
-            assigned = self._consumer.assignment()
-            if assigned != self._assigned:
-                # Partitions were added: aiokafka re-assigned every partition and resets the old
-                # ones' positions too. This batch may have been read from reset positions: drop
-                # it and resume each known partition where this client stopped reading.
-                await self._follow(assigned)
+
+    async def _read_round(self) -> None:
+        """One fetch, taken in (or dropped, after a re-assignment). A ``KafkaError`` leaves the
+        state as it was for the partitions not yet taken: the next round starts from it again."""
+        batch = await self._consumer.getmany(timeout_ms=500)
+        assigned = self._consumer.assignment()
+        if assigned != self._assigned:
+            # Partitions were added: aiokafka re-assigned every partition and resets the old
+            # ones' positions too. This batch may have been read from reset positions: drop
+            # it and resume each known partition where this client stopped reading.
+            await self._follow(assigned)
+            return
+        for tp, records in batch.items():
+            if not records:
                 continue
-            for tp, records in batch.items():
-                if not records:
+            expected = self._positions.get(tp)
+            if expected is not None and records[0].offset > expected and self._reseek.get(tp) != expected:
+                # aiokafka reset this partition (a metadata change re-assigns even the same
+                # partitions, to auto_offset_reset): records from where this client stopped
+                # were skipped. Go back once (a real gap -- retention, transaction markers --
+                # shows the same first offset again and is then taken as it is).
+                start = (await self._consumer.beginning_offsets([tp]))[tp]
+                if expected >= start:
+                    log.info("scores partition %s moved ahead to %d; back to %d", tp, records[0].offset, expected)
+                    self._reseek[tp] = expected
+                    self._consumer.seek(tp, expected)
                     continue
-                expected = self._positions.get(tp)
-                if expected is not None and records[0].offset > expected and self._reseek.get(tp) != expected:
-                    # aiokafka reset this partition (a metadata change re-assigns even the same
-                    # partitions, to auto_offset_reset): records from where this client stopped
-                    # were skipped. Go back once (a real gap -- retention, transaction markers --
-                    # shows the same first offset again and is then taken as it is).
-                    start = (await self._consumer.beginning_offsets([tp]))[tp]
-                    if expected >= start:
-                        log.info("scores partition %s moved ahead to %d; back to %d", tp, records[0].offset, expected)
-                        self._reseek[tp] = expected
-                        self._consumer.seek(tp, expected)
-                        continue
-                self._reseek.pop(tp, None)
-                for record in records:
-                    self._ingest(record.value)
-                self._positions[tp] = records[-1].offset + 1
+            self._reseek.pop(tp, None)
+            for record in records:
+                self._ingest(record.value)
+            self._positions[tp] = records[-1].offset + 1
 
     async def _follow(self, assigned: set[TopicPartition]) -> None:
         added = assigned - self._assigned
@@ -899,6 +915,8 @@ class ToolwitnessClient:
         if include_received:
             for received in self._arrived.values():
                 q.put_nowait(received)
+        if self._consumer_error is not None:
+            q.put_nowait(None)  # the reader is gone: nothing more will come; the stream says why
         self._subscribers.append(q)
         stream = self._stream(q)
         # An async generator that is never started runs no ``finally`` when it is dropped: its

@@ -31,6 +31,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaTimeoutError
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -606,6 +607,72 @@ async def test_partitions_added_to_the_scores_topic_are_read_from_their_start_an
             # the re-assignment did not rewind the old partitions to their start either
             assert tw.events("before-start") == []
             assert tw.events("first") == [first] and tw.duplicates == 0
+
+
+async def test_a_broker_error_while_following_added_partitions_is_retried(
+    kafka_bootstrap: str, topics: TopicsConfig, kafka_admin: AIOKafkaAdminClient, producer: AIOKafkaProducer
+) -> None:
+    async with (
+        asyncio.timeout(TIMEOUT_S),
+        ToolwitnessClient(
+            bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, metadata_max_age_ms=300
+        ) as tw,
+    ):
+        # The reader's first look at the new partitions (their first offsets) gets no answer.
+        failed = asyncio.Event()
+        real = tw._consumer.beginning_offsets
+
+        async def flaky(tps: list[Any]) -> Any:
+            if not failed.is_set():
+                failed.set()
+                raise KafkaTimeoutError("injected: the broker did not answer")
+            return await real(tps)
+
+        tw._consumer.beginning_offsets = flaky
+        await kafka_admin.create_partitions({topics.scores: NewPartitions(total_count=6)})
+        await failed.wait()
+        await producer.client.force_metadata_update()
+        sent = {p: score_event(f"after-{p}") for p in range(6)}
+        for p, ev in sent.items():
+            await producer.send_and_wait(topics.scores, value=encode(ev, "protobuf"), partition=p)
+        # Retried like a failed fetch: the reader lives on and reads every partition, new ones too.
+        for p, ev in sent.items():
+            assert await tw.wait_for(f"after-{p}", timeout=20) == ev
+        assert tw._consumer_error is None and len(tw._consumer.assignment()) == 6
+
+
+async def test_an_error_that_ends_the_scores_reader_reaches_every_waiter_and_stream(
+    kafka_bootstrap: str, topics: TopicsConfig, kafka_admin: AIOKafkaAdminClient
+) -> None:
+    async with (
+        asyncio.timeout(TIMEOUT_S),
+        ToolwitnessClient(
+            bootstrap_servers=kafka_bootstrap, tenant="acme", topics=topics, metadata_max_age_ms=300
+        ) as tw,
+    ):
+        bug = ValueError("injected: not a broker error")
+
+        async def broken(tps: list[Any]) -> Any:
+            raise bug
+
+        tw._consumer.beginning_offsets = broken  # reached when the reader follows added partitions
+        waiting = asyncio.create_task(tw.wait_for("never", timeout=20))
+        stream = tw.scores()
+        reading = asyncio.create_task(anext(stream))
+        await kafka_admin.create_partitions({topics.scores: NewPartitions(total_count=6)})
+
+        # Those waiting are woken with it (not left to time out) ...
+        with pytest.raises(RuntimeError, match="the scores consumer failed") as waited:
+            await waiting
+        assert waited.value.__cause__ is bug
+        with pytest.raises(RuntimeError, match="the scores consumer failed"):
+            await reading
+        assert tw._consumer_error is bug
+        # ... and so are those who come later, at once.
+        with pytest.raises(RuntimeError, match="the scores consumer failed"):
+            await tw.wait_for("later", timeout=20)
+        with pytest.raises(RuntimeError, match="the scores consumer failed"):
+            await asyncio.wait_for(anext(tw.scores()), 5)
 
 
 async def test_other_tenants_scores_are_counted_not_kept_unless_asked(
