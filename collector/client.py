@@ -86,6 +86,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Scope = TraceScorable | SessionScorable | MessageScorable
+#: The service's default ``completion.default_deadline_seconds``. The client does not send it: an
+#: expectation without a ``deadline`` gets the configured default of the service that scores it.
 DEFAULT_DEADLINE = timedelta(minutes=5)
 DEFAULT_PARTITIONS = 4
 #: observations a client keeps after reading them (``get_observation``)
@@ -341,14 +343,17 @@ def build_expectation(
     scope: Scope,
     expectation: ScoringExpectation,
     scorer: str = "tools",
-    deadline: timedelta = DEFAULT_DEADLINE,
+    deadline: timedelta | None = None,
     labels: Mapping[str, str] | None = None,
     created_at: datetime | None = None,
 ) -> control_pb2.Expectation:
-    """The ``control_pb2.Expectation`` for a scope and a ``ScoringExpectation``."""
+    """The ``control_pb2.Expectation`` for a scope and a ``ScoringExpectation``.
+
+    ``deadline`` None leaves the field unset: the service applies its
+    ``completion.default_deadline_seconds``."""
     if not expectation_id:
         raise ValueError("expectation_id must not be empty")
-    if deadline <= timedelta(0):
+    if deadline is not None and deadline <= timedelta(0):
         raise ValueError(f"deadline must be positive, got {deadline}")
     try:  # the service's bounds, here where the caller can still act on them
         check_labels(labels or {})
@@ -363,7 +368,8 @@ def build_expectation(
         objective=expectation.objective or "",
         labels=dict(labels or {}),
     )
-    msg.deadline.FromTimedelta(deadline)
+    if deadline is not None:
+        msg.deadline.FromTimedelta(deadline)
     msg.created_at.FromDatetime(created_at or datetime.now(UTC))
     return msg
 
@@ -644,7 +650,7 @@ class ToolwitnessClient:
         *,
         conditions: Sequence[Condition] | None = None,
         scorer: str = "tools",
-        deadline: timedelta = DEFAULT_DEADLINE,
+        deadline: timedelta | None = None,
         expectation_id: str | None = None,
         objective: str | None = None,
         labels: Mapping[str, str] | None = None,
@@ -656,6 +662,9 @@ class ToolwitnessClient:
         ``TimeoutError`` (the record may still be delivered), pass the same ``expectation_id``:
         the service takes an identical registration once (the timeout message names the id).
         ``labels`` come back in every score of the expectation as metadata ``label.<key>``.
+        ``deadline``: how long after registration an undecided expectation ends UNDETERMINED;
+        without one the service's ``completion.default_deadline_seconds`` applies (300 s unless
+        configured otherwise).
         """
         if expectation is not None and conditions is not None:
             raise ValueError("pass either `expectation` or `conditions`, not both")

@@ -407,7 +407,8 @@ async def test_control_records_decode_to_what_was_asked(
     assert e1.deadline_ms == 42_000
     e2 = expectation_from_proto(msgs[1].expectation, default_tenant="x", default_deadline_s=1, now_ms=0)
     assert e2.expectation == given and e2.scope == SessionScorable(session_id="conv-7")
-    assert e2.deadline_ms == 300_000  # the default deadline: 5 minutes
+    # no deadline given: none is sent, the service's completion.default_deadline_seconds applies
+    assert not msgs[1].expectation.HasField("deadline") and e2.deadline_ms == 1_000
 
     m = msgs[2].completion
     assert (m.tenant, m.trace_id, m.span_count) == ("acme", TRACE, 3) and m.HasField("span_count")

@@ -334,7 +334,9 @@ def test_minimal_expectation_and_bad_arguments() -> None:
     scope = TraceScorable(trace_ids=(TRACE_1,))
     msg = build_expectation(expectation_id="e", tenant="t", scope=scope, expectation=simple)
     back = expectation_from_proto(msg, default_tenant="x", default_deadline_s=1, now_ms=0)
-    assert back.expectation == simple and back.scorer == "tools" and back.deadline_ms == 300_000
+    # no deadline given: none is sent, the service's default applies
+    assert not msg.HasField("deadline")
+    assert back.expectation == simple and back.scorer == "tools" and back.deadline_ms == 1_000
     with pytest.raises(ValueError, match="deadline"):
         build_expectation(
             expectation_id="e", tenant="t", scope=TraceScorable(trace_ids=(TRACE_1,)), expectation=simple,
