@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -196,6 +197,11 @@ async def _warn_unless_compacted(admin: Any, topic: str) -> None:
         )
 
 
+def _check_timeout(timeout_s: float) -> None:
+    if not 0 < timeout_s < math.inf:
+        raise ValueError(f"timeout_s must be a positive, finite number of seconds, got {timeout_s!r}")
+
+
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
     """The partition ids of ``topic`` from fresh metadata (empty if unknown). A consumer that
     subscribes to nothing has no metadata of its own: ``consumer.topics()`` fetches it without
@@ -219,8 +225,10 @@ async def ensure_topics(
     spans, control, scores and dlq are plain topics; observations is compacted
     (``cleanup.policy=compact``, keyed by content hash). Existing topics are left as they
     are. ``replication_factor`` defaults to min(3, brokers). Returns once every topic has a
-    leader for each partition; raises ``TopicSetupError`` (or ``TimeoutError``) otherwise.
+    leader for each partition, within ``timeout_s``; raises ``TopicSetupError`` (or
+    ``TimeoutError``, naming the servers) otherwise.
     """
+    _check_timeout(timeout_s)
     topics = topics or TopicsConfig()
     wanted: dict[str, dict[str, str]] = {
         topics.spans: {},
@@ -280,7 +288,10 @@ async def ensure_topics(
                 await asyncio.sleep(0.05)
             await _warn_unless_compacted(admin, topics.observations)
     except TimeoutError:
-        raise TimeoutError(f"toolwitness topics not ready within {timeout_s}s at {bootstrap_servers}") from None
+        raise TimeoutError(
+            f"creating the toolwitness topics at {bootstrap_servers}: not ready within timeout_s={timeout_s}s "
+            "(is a Kafka broker answering there?)"
+        ) from None
     finally:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(timeout_s):
@@ -422,6 +433,8 @@ class ToolwitnessClient:
         self.bootstrap_servers = bootstrap_servers
         self.tenant = tenant
         self.topics = topics or TopicsConfig()
+        _check_timeout(timeout_s)
+        #: bounds every network step: each step of start() (topics, producer, consumer), each send
         self.timeout_s = timeout_s
         self._security = security
         self._client_id = client_id
@@ -511,7 +524,7 @@ class ToolwitnessClient:
             security=self._security,
             partitions=self._partitions,
             replication_factor=replication_factor,
-            timeout_s=max(self.timeout_s, 30.0),
+            timeout_s=self.timeout_s,
             client_id=f"{self._client_id}-admin",
         )
 
@@ -526,7 +539,7 @@ class ToolwitnessClient:
                 self._producer = RenewingProducer(
                     self._new_producer, component="toolwitness client", timeout_s=self.timeout_s, logger=log
                 )
-                async with asyncio.timeout(self.timeout_s):
+                async with self._step("starting the producer"):
                     await self._producer.start()
                 # No consumer group: every partition of the scores topic is assigned to us.
                 self._consumer = AIOKafkaConsumer(
@@ -545,7 +558,7 @@ class ToolwitnessClient:
                     request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
                     **self._kafka_kwargs,
                 )
-                async with asyncio.timeout(self.timeout_s):
+                async with self._step("starting the scores consumer"):
                     await self._consumer.start()
                     assigned = self._consumer.assignment()
                     if not assigned:
@@ -567,6 +580,22 @@ class ToolwitnessClient:
             self._consumer_task = asyncio.create_task(self._consume(), name="toolwitness-client-scores")
             self._started = True
             log.debug("toolwitness client started (tenant=%s, scores=%s)", self.tenant, self.topics.scores)
+
+    @contextlib.asynccontextmanager
+    async def _step(self, what: str) -> AsyncIterator[None]:
+        """Bounds one step of ``start()`` by ``timeout_s``; the ``TimeoutError`` names the step
+        and the bootstrap servers (aiokafka's own says neither)."""
+        deadline = asyncio.timeout(self.timeout_s)
+        try:
+            async with deadline:
+                yield
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise TimeoutError(
+                f"{what} at {self.bootstrap_servers}: no answer within timeout_s={self.timeout_s}s "
+                "(is a Kafka broker answering there?)"
+            ) from None
 
     async def stop(self) -> None:
         """Stop the consumer and the producer; wake every waiter. Idempotent."""

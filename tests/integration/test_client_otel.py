@@ -480,6 +480,42 @@ async def test_client_creates_missing_topics(kafka_bootstrap: str, kafka_admin: 
         await kafka_admin.delete_topics(names, timeout_ms=30_000)
 
 
+@pytest.fixture
+async def mute_broker() -> AsyncIterator[str]:
+    """host:port of a listener that accepts TCP connections and never answers (a hung broker)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("create_topics", "step"), [(True, "creating the toolwitness topics"), (False, "starting the producer")]
+)
+async def test_start_against_a_broker_that_never_answers_fails_within_timeout_s(
+    mute_broker: str, create_topics: bool, step: str
+) -> None:
+    tw = ToolwitnessClient(bootstrap_servers=mute_broker, timeout_s=1, create_topics=create_topics)
+    t0 = time.monotonic()
+    async with asyncio.timeout(TIMEOUT_S):
+        with pytest.raises(TimeoutError) as failed:
+            await tw.start()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 5, f"start() took {elapsed:.1f}s with timeout_s=1"
+    # the error says which step and which servers
+    assert step in str(failed.value) and mute_broker in str(failed.value) and "timeout_s=1" in str(failed.value)
+    assert not tw.started
+
+
 # --------------------------------------------------------------------------------------------------
 # ToolwitnessClient: scores and observations
 # --------------------------------------------------------------------------------------------------

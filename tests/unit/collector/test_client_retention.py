@@ -63,6 +63,12 @@ def test_metadata_max_age_is_bounded(bad: int) -> None:
         ToolwitnessClient(bootstrap_servers="127.0.0.1:1", metadata_max_age_ms=bad)
 
 
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf")])
+def test_timeout_s_must_be_positive_and_finite(bad: float) -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        ToolwitnessClient(bootstrap_servers="127.0.0.1:1", timeout_s=bad)
+
+
 def test_two_tenants_with_one_expectation_id_do_not_collide() -> None:
     tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme", all_tenants=True)
     assert score_id_for("acme", "e1", 1) != score_id_for("beta", "e1", 1)
