@@ -536,6 +536,8 @@ class ToolwitnessClient:
             try:
                 if self._create_topics:
                     await self.ensure_topics()
+                else:
+                    await self._require_scores_topic()
                 self._producer = RenewingProducer(
                     self._new_producer, component="toolwitness client", timeout_s=self.timeout_s, logger=log
                 )
@@ -596,6 +598,32 @@ class ToolwitnessClient:
                 f"{what} at {self.bootstrap_servers}: no answer within timeout_s={self.timeout_s}s "
                 "(is a Kafka broker answering there?)"
             ) from None
+
+    async def _require_scores_topic(self) -> None:
+        """With ``create_topics=False``: the scores topic must exist. Subscribing to a missing one
+        would make a broker with ``auto.create.topics.enable`` create it (empty, default configs),
+        and the client would then wait on a topic no service writes to. ``list_topics`` asks for
+        every topic, which creates none."""
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=f"{self._client_id}-admin",
+            request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
+            **self._kafka_kwargs,
+        )
+        try:
+            async with self._step("listing the topics"):
+                await admin.start()
+                existing = set(await admin.list_topics())
+        finally:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.timeout_s):
+                    await admin.close()
+        if self.topics.scores not in existing:
+            raise TopicSetupError(
+                f"scores topic {self.topics.scores!r} does not exist at {self.bootstrap_servers} "
+                "(create_topics=False): create the toolwitness topics first (ensure_topics, or "
+                "create_topics=True), or point topics.scores at the service's scores topic"
+            )
 
     async def stop(self) -> None:
         """Stop the consumer and the producer; wake every waiter. Idempotent."""

@@ -9,7 +9,11 @@ client, and the OTLP/gRPC sidecar.
   trace id; invalid spans are reported as partial success; with a bearer token, calls without
   it are refused;
 * wait_for() returns a score event produced here (standing in for the service) and drops an
-  identical re-send (duplicates == 1); get_observation() verifies the content hash.
+  identical re-send (duplicates == 1); get_observation() verifies the content hash;
+* scores() subscribes when called; a broker error in the scores reader is retried, any other
+  error that ends it reaches every waiter and stream;
+* start() fails within timeout_s against a broker that never answers, naming the step and the
+  servers, and (create_topics=False) refuses a missing scores topic instead of auto-creating it.
 
 Every wait ends on a condition (a record, an offset) under a timeout, never on a sleep.
 """
@@ -50,7 +54,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import format_trace_id
 from pydantic import ValidationError
 
-from collector.client import ToolwitnessClient, ensure_topics
+from collector.client import ToolwitnessClient, TopicSetupError, ensure_topics
 from collector.config import KafkaConfig, TopicsConfig
 from collector.otel import TENANT_HEADER, KafkaSpanExporter, SpanCountingProcessor
 from collector.producer import RecordRefusedError
@@ -499,7 +503,7 @@ async def mute_broker() -> AsyncIterator[str]:
 
 
 @pytest.mark.parametrize(
-    ("create_topics", "step"), [(True, "creating the toolwitness topics"), (False, "starting the producer")]
+    ("create_topics", "step"), [(True, "creating the toolwitness topics"), (False, "listing the topics")]
 )
 async def test_start_against_a_broker_that_never_answers_fails_within_timeout_s(
     mute_broker: str, create_topics: bool, step: str
@@ -514,6 +518,31 @@ async def test_start_against_a_broker_that_never_answers_fails_within_timeout_s(
     # the error says which step and which servers
     assert step in str(failed.value) and mute_broker in str(failed.value) and "timeout_s=1" in str(failed.value)
     assert not tw.started
+
+
+async def test_without_create_topics_a_missing_scores_topic_is_refused_not_created(
+    kafka_bootstrap: str, kafka_admin: AIOKafkaAdminClient
+) -> None:
+    stem = f"tw-test-missing-{uuid.uuid4().hex[:12]}"
+    wanted = TopicsConfig(
+        spans=f"{stem}-spans",
+        control=f"{stem}-control",
+        scores=f"{stem}-scores",
+        observations=f"{stem}-observations",
+        dlq=f"{stem}-dlq",
+    )
+    tw = ToolwitnessClient(bootstrap_servers=kafka_bootstrap, topics=wanted, create_topics=False)
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            with pytest.raises(TopicSetupError, match=f"scores topic '{wanted.scores}' does not exist"):
+                await tw.start()
+            assert not tw.started
+            # subscribing would have made the broker auto-create it
+            assert wanted.scores not in set(await kafka_admin.list_topics())
+    finally:
+        leftovers = [t for t in await kafka_admin.list_topics() if t.startswith(stem)]
+        if leftovers:
+            await kafka_admin.delete_topics(leftovers, timeout_ms=30_000)
 
 
 # --------------------------------------------------------------------------------------------------
