@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -62,6 +62,9 @@ class RetryPolicy:
 NOT_READY_AFTER_S = 10.0
 #: while it fails, one warning per this many seconds (the rest at DEBUG)
 OUTAGE_LOG_EVERY_S = 30.0
+#: each shutdown step (sweeper, consumer, exporter, admin server, Redis) gets at most this long
+#: (5 steps: within the 30 s a Kubernetes pod gets between SIGTERM and SIGKILL by default)
+SHUTDOWN_STEP_S = 5.0
 
 
 class Outage:
@@ -355,14 +358,49 @@ class ToolwitnessService:
         return len(published)
 
     async def shutdown(self) -> None:
+        """Stop the sweeper, leave the group, close the exporter, the admin server and Redis, in
+        that order. Each step is bounded (``SHUTDOWN_STEP_S``) and guarded: one that fails or hangs
+        (Kafka or Redis unreachable) is logged at WARNING and the later ones still run, so a
+        SIGTERM during an outage still ends the process cleanly (exit 0)."""
         self._stopping.set()
+        unclean = [what for what, step in (
+            ("the sweeper", self._stop_sweeper),
+            ("the consumer (leaving the group)", self._stop_receiver),
+            ("the exporter (flushing the producer)", self.exporter.shutdown),
+            ("the admin server", self.admin.shutdown),
+            ("the Redis client", self.redis.aclose),
+        ) if not await self._shutdown_step(what, step)]
+        if unclean:
+            log.info("service %s stopped (not closed cleanly: %s)", self.instance, ", ".join(unclean))
+        else:
+            log.info("service %s stopped", self.instance)
+
+    async def _shutdown_step(self, what: str, step: Callable[[], Awaitable[Any]]) -> bool:
+        """Run one shutdown step under ``SHUTDOWN_STEP_S``; False (logged) when it failed."""
+        try:
+            async with asyncio.timeout(SHUTDOWN_STEP_S):
+                await step()
+        except TimeoutError:
+            log.warning("service: %s not closed within %.0fs; going on", what, SHUTDOWN_STEP_S)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the shutdown itself is being cancelled
+            # a library's internal task cancelled under it (not us): a failure of this step
+            log.warning("service: %s not closed cleanly (an internal task was cancelled); going on", what)
+        except Exception as exc:
+            log.warning("service: %s not closed cleanly (%s: %s); going on", what, type(exc).__name__,
+                        str(exc)[:200])
+        else:
+            return True
+        return False
+
+    async def _stop_sweeper(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+
+    async def _stop_receiver(self) -> None:
         async with self.batch_lock:
             await self.receiver.shutdown()  # leaves the group
-        await self.exporter.shutdown()
-        await self.admin.shutdown()
-        await self.redis.aclose()
-        log.info("service %s stopped", self.instance)

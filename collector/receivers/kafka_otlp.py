@@ -28,6 +28,11 @@ REBALANCE_DEADLINE_S = 20.0
 Batch = Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
 
 
+class ReceiverStopError(Exception):
+    """The consumer did not stop cleanly (e.g. the broker was unreachable): the group was perhaps
+    not left (the broker drops the member after its session timeout)."""
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, receiver: KafkaOTLPReceiver) -> None:
         self.receiver = receiver
@@ -90,10 +95,35 @@ class KafkaOTLPReceiver:
         self.consumer = consumer
 
     async def shutdown(self) -> None:
-        """Leave the group (idempotent)."""
+        """Leave the group (idempotent). Raises ``ReceiverStopError`` when the consumer could not be
+        closed cleanly (its connections are closed anyway)."""
         consumer, self.consumer = self.consumer, None
-        if consumer is not None:
+        if consumer is None:
+            return
+        try:
             await consumer.stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled: honour it
+            # Not a cancellation of ours: aiokafka 0.14's stop() cancels the fetcher's pending fetch
+            # tasks and awaits them, and one asleep in its retry backoff (the broker is gone) re-raises
+            # the CancelledError, so stop() ends before it closes its client (the connections).
+            await self._close_client(consumer)
+            raise ReceiverStopError("the consumer's fetcher did not stop cleanly (broker unreachable?)") from None
+        except Exception as exc:
+            await self._close_client(consumer)
+            raise ReceiverStopError(f"the consumer did not stop cleanly: {type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    async def _close_client(consumer: AIOKafkaConsumer) -> None:
+        """Close the connections of a consumer whose ``stop()`` failed half-way (aiokafka has no
+        public call for that; ``stop()`` again returns at once, being marked closed already)."""
+        client = getattr(consumer, "_client", None)
+        close = getattr(client, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
 
     def _require(self) -> AIOKafkaConsumer:
         if self.consumer is None:

@@ -450,6 +450,11 @@ def write_config(cfg: ServiceConfig, path: Path) -> Path:
     return path
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: the `toolwitness` console script's entry point
+_RUN_CLI = "import sys; sys.argv[0] = 'toolwitness'; from collector.cli import app; sys.exit(app())"
+
+
 class ServiceProcess:
     """``toolwitness run --config FILE`` as a child process; its output goes to ``log_path``."""
 
@@ -465,14 +470,17 @@ class ServiceProcess:
 
     async def start(self) -> None:
         assert self.proc is None or self.proc.returncode is not None, "already running"
-        exe = Path(sys.executable).with_name("toolwitness")
         self._close_log()
         self._log = self._open_log()
         self._log.write(f"\n===== start #{self.starts + 1} =====\n".encode())
         self._log.flush()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # `toolwitness run`, from THIS checkout's code: the venv's `toolwitness` script imports the
+        # checkout the package was installed from (editable), which need not be the one under test
+        # (a git worktree). Run from the repository root, its packages come first on sys.path.
         self.proc = await asyncio.create_subprocess_exec(
-            str(exe), "run", "--config", str(self.config_path), stdout=self._log, stderr=self._log, env=env,
+            sys.executable, "-c", _RUN_CLI, "run", "--config", str(self.config_path), stdout=self._log,
+            stderr=self._log, env=env, cwd=REPO_ROOT,
         )
         self.starts += 1
 

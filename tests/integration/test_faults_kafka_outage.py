@@ -1,0 +1,83 @@
+"""Kafka unreachable under a running `toolwitness run` process (its own isolated broker; the
+shared one is never touched; the trace state is in the shared Redis under the stack's prefix).
+
+- A SIGTERM while the broker is down ends the process cleanly: exit status 0, every shutdown step
+  attempted (what could not be closed cleanly is a warning), "service ... stopped" logged, no
+  traceback (aiokafka's consumer.stop() raised a CancelledError out of its fetcher, which ended the
+  shutdown before the exporter, the admin server and Redis were closed: exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import (
+    ServiceProcess,
+    fail_on_timeout,
+    free_ports,
+    isolated,
+    make_config,
+    until,
+    write_config,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+async def http_status(port: int, path: str) -> int | None:
+    """The status of GET ``path`` on the admin endpoint; None when it does not answer."""
+    try:
+        async with asyncio.timeout(5):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            raw = await reader.read()
+            writer.close()
+            await writer.wait_closed()
+    except (OSError, TimeoutError):
+        return None
+    parts = raw.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+async def status_is(port: int, path: str, expected: int) -> bool:
+    return await http_status(port, path) == expected
+
+
+def log_text(proc: ServiceProcess) -> str:
+    return proc.log_path.read_text(errors="replace")
+
+
+async def test_sigterm_while_kafka_is_down_exits_cleanly(redis_url: str, tmp_path: Path) -> None:
+    async with isolated(tmp_path / "services", "kafka") as iso:
+        (port,) = free_ports(1)
+        cfg = make_config(iso.kafka_bootstrap, redis_url, admin={"host": "127.0.0.1", "port": port})
+        proc = ServiceProcess(write_config(cfg, tmp_path / "toolwitness.yaml"), tmp_path / "service.log")
+        try:
+            await proc.start()
+            with fail_on_timeout(lambda: f"never ready:\n{proc.log_tail()}"):
+                await until(lambda: status_is(port, "/readyz", 200), timeout=60, interval=0.2)
+            await iso.down("kafka")
+            # The consumer has noticed: its fetcher fails and backs off (what made stop() raise).
+            with fail_on_timeout(lambda: f"the consumer never failed a fetch:\n{proc.log_tail()}"):
+                await until(lambda: "Failed fetch messages" in log_text(proc), timeout=30, interval=0.1)
+            assert proc.proc is not None and proc.proc.returncode is None
+            sent = time.monotonic()
+            rc = await proc.stop(timeout=40)
+            took = time.monotonic() - sent
+        finally:
+            await proc.stop()
+        text = log_text(proc)
+        tail = proc.log_tail(40)
+        assert rc == 0, f"exit status {rc} after SIGTERM with Kafka down:\n{tail}"
+        assert took < 30, f"SIGTERM took {took:.1f}s (more than a Kubernetes grace period):\n{tail}"
+        assert "Traceback" not in text, tail
+        last = text.splitlines()[-1]
+        assert "toolwitness.service: service " in last and " stopped" in last, tail
+        print(f"\n[kafka down, SIGTERM] exit {rc} in {took:.1f}s; last line: {last}")
+
+
