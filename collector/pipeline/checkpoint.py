@@ -111,6 +111,10 @@ class Checkpoint:
         controls: list[tuple[ConsumerRecord[bytes, bytes], Any]] = []
         wall = now_ms()
         max_arg = self.cfg.limits.max_argument_bytes
+        # Counted once the batch is done (below), not as it is decoded: a batch that fails (Redis or
+        # Kafka away) is decoded again from its first offset on every retry.
+        control_records = 0
+        rejected: dict[str, int] = {}
 
         # 1. decode + apply state -------------------------------------------------------------------
         for tp, records in batch.items():
@@ -119,13 +123,12 @@ class Checkpoint:
                 res.offsets[tp] = rec.offset + 1
                 value = rec.value or b""
                 if tp.topic == topics.control:
-                    self._records_control.inc()
+                    control_records += 1
                     try:
                         controls.append((rec, decode_control(value)))
                     except ControlDecodeError as exc:
                         dead.append(self._dead(rec, exc.reason, exc.detail))
                     continue
-                self._records_spans.inc()
                 try:
                     decoded = decode_span_facts(value, _headers(rec), self.cfg, max_arg)
                 except RecordDecodeError as exc:
@@ -146,9 +149,8 @@ class Checkpoint:
                 if latest_end:
                     self.watermarks.observe(tp.partition, latest_end // 1_000_000, wall)
                 res.spans += len(decoded.facts)
-                self._spans_in.inc(len(decoded.facts))
                 for i, (tenant, trace, reason, _detail) in enumerate(decoded.rejected):
-                    DROPPED.labels(self.name, reason).inc()
+                    rejected[reason] = rejected.get(reason, 0) + 1
                     if trace:
                         placeholder = rejected_fact(f"rejected-{rec.partition}-{rec.offset}-{i}")
                         groups.setdefault((tenant, trace), []).append(placeholder)
@@ -208,6 +210,12 @@ class Checkpoint:
             await self.exporter.send_dead_letter(d)
         res.dead_letters = len(dead)
         await self.exporter.flush()
+        # Done: what it held is counted (once; a failed attempt above raised before this).
+        self._records_control.inc(control_records)
+        self._records_spans.inc(res.records - control_records)
+        self._spans_in.inc(res.spans)
+        for reason, n in rejected.items():
+            DROPPED.labels(self.name, reason).inc(n)
         BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
         # 5. the caller commits res.offsets
         return res

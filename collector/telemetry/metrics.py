@@ -22,9 +22,17 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 for _standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
     REGISTRY.register(_standard)
 
-SPANS_IN = Counter("toolwitness_spans_received", "Spans decoded from input records.", ["component"], registry=REGISTRY)
+SPANS_IN = Counter(
+    "toolwitness_spans_received",
+    "Spans decoded from input records (the service: once per batch that went through, not per retry).",
+    ["component"],
+    registry=REGISTRY,
+)
 RECORDS_IN = Counter(
-    "toolwitness_records_received", "Kafka records consumed, by topic kind.", ["component", "kind"], registry=REGISTRY
+    "toolwitness_records_received",
+    "Kafka records consumed, by topic kind (once per batch that went through, not per retry).",
+    ["component", "kind"],
+    registry=REGISTRY,
 )
 DLQ_RECORDS = Counter(
     "toolwitness_dlq_records",
