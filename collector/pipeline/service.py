@@ -34,6 +34,7 @@ from collector.processors.completion import WatermarkTracker
 from collector.processors.resp import RedisClient
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
+from collector.telemetry.logs import throttle_logs
 from collector.telemetry.metrics import DEPENDENCY_FAILURES
 
 log = logging.getLogger("toolwitness.service")
@@ -62,6 +63,12 @@ class RetryPolicy:
 NOT_READY_AFTER_S = 10.0
 #: while it fails, one warning per this many seconds (the rest at DEBUG)
 OUTAGE_LOG_EVERY_S = 30.0
+#: how often the poll loop checks that the brokers answer (``KafkaOTLPReceiver.probe``) ...
+KAFKA_PROBE_EVERY_S = 2.0
+#: ... and how long they get to answer
+KAFKA_PROBE_TIMEOUT_S = 5.0
+#: aiokafka's own log lines: one per message kind per this many seconds (an outage: ~70 a second)
+LIBRARY_LOG_EVERY_S = 10.0
 #: each shutdown step (sweeper, consumer, exporter, admin server, Redis) gets at most this long
 #: (5 steps: within the 30 s a Kubernetes pod gets between SIGTERM and SIGKILL by default)
 SHUTDOWN_STEP_S = 5.0
@@ -143,8 +150,9 @@ class ToolwitnessService:
         self.admin = AdminServer(cfg.admin.host, cfg.admin.port, ready=self.ready, alive=self.alive)
         self.retry = RetryPolicy()
         self.sweep_retry = RetryPolicy(base_s=cfg.completion.sweep_interval_ms / 1000)
-        #: the poll loop's batches, its watermark publishing, the sweeper
-        self.outages = {name: Outage(name) for name in ("batch", "watermarks", "sweep")}
+        #: the poll loop's batches, its watermark publishing, the sweeper, the brokers' answers
+        self.outages = {name: Outage(name) for name in ("batch", "watermarks", "sweep", "kafka")}
+        self._probed_at = 0.0
         self._stopping = asyncio.Event()
         self._started = False
         self._last_loop = time.monotonic()
@@ -175,6 +183,8 @@ class ToolwitnessService:
         return not self._started or time.monotonic() - self._last_loop < 60
 
     async def start(self) -> None:
+        if self.owns_process:  # process-wide, like the collector tuning below
+            throttle_logs("aiokafka", LIBRARY_LOG_EVERY_S)
         await self.admin.start()
         await asyncio.wait_for(self.redis.ping(), timeout=10)
         await self.store.start()
@@ -240,6 +250,7 @@ class ToolwitnessService:
         receiver = self.receiver
         while not self._stopping.is_set():
             self._last_loop = time.monotonic()
+            await self._probe_kafka()
             batch = await receiver.poll()
             if not batch:
                 await self._publish_watermarks()
@@ -263,6 +274,30 @@ class ToolwitnessService:
                 self.outages["batch"].ok()
                 await receiver.commit(result.offsets)
             await self._publish_watermarks()
+
+    async def _probe_kafka(self) -> None:
+        """Every ``KAFKA_PROBE_EVERY_S``: do the brokers answer? A Kafka outage is invisible to the
+        rest of the loop (``getmany`` returns empty batches, aiokafka retries and logs on its own),
+        so without this /readyz, the failure counter and the log would not show it. A request of
+        our own, bounded by a timeout, in the loop that consumes: it tests exactly the brokers this
+        instance reads from, through the consumer's own connections, and needs no private aiokafka
+        state (its connection / coordinator flags are internal and do not say whether fetches work).
+        While Kafka is away, the loop has nothing else to do."""
+        now = time.monotonic()
+        if now - self._probed_at < KAFKA_PROBE_EVERY_S:
+            return
+        self._probed_at = now
+        outage = self.outages["kafka"]
+        try:
+            async with asyncio.timeout(KAFKA_PROBE_TIMEOUT_S):
+                await self.receiver.probe()
+        except RETRIABLE as exc:
+            if isinstance(exc, TimeoutError) and not str(exc):
+                exc = TimeoutError(f"no answer within {KAFKA_PROBE_TIMEOUT_S:.0f}s")
+            outage.failed(exc, "nothing is consumed; probing again in "
+                               f"{KAFKA_PROBE_EVERY_S:.0f}s")
+        else:
+            outage.ok()
 
     async def _publish_watermarks(self) -> None:
         """Share this instance's watermarks; a Redis outage here is retried on the next poll."""

@@ -136,6 +136,15 @@ class KafkaOTLPReceiver:
         )
         return batch
 
+    async def probe(self) -> None:
+        """One request to the brokers that lead this consumer's partitions (their end offsets; the
+        spans topic's partition 0 when none is assigned): raises when they do not answer. Cheap (a
+        ListOffsets round trip) and, unlike ``getmany`` (which returns an empty batch when the
+        broker is gone), says whether Kafka is reachable. The caller bounds it in time."""
+        consumer = self._require()
+        partitions = list(consumer.assignment()) or [TopicPartition(self.cfg.topics.spans, 0)]
+        await consumer.end_offsets(partitions)
+
     def rewind(self, batch: Batch) -> None:
         """Seek every partition of a failed batch back to its first record (nothing was committed)."""
         consumer = self._require()

@@ -98,7 +98,8 @@ EXPORT_FAILURES = Counter(
 DEPENDENCY_FAILURES = Counter(
     "toolwitness_dependency_failures",
     "Redis or Kafka failures of the service's loops, retried: batch (not committed, replayed), "
-    "watermarks (not published), sweep (deadlines, completions, re-sends postponed).",
+    "watermarks (not published), sweep (deadlines, completions, re-sends postponed), kafka (the brokers did "
+    "not answer the poll loop's probe).",
     ["component", "loop"],
     registry=REGISTRY,
 )

@@ -1,6 +1,12 @@
 """Kafka unreachable under a running `toolwitness run` process (its own isolated broker; the
 shared one is never touched; the trace state is in the shared Redis under the stack's prefix).
 
+- The outage is reported as docs/limits.md says: after NOT_READY_AFTER_S of failures in a row
+  /readyz answers 503, toolwitness_dependency_failures_total{loop="kafka"} counts them, the service
+  logs a warning (one per OUTAGE_LOG_EVERY_S) and one when Kafka answers again (then /readyz is 200
+  again); aiokafka's own lines are throttled (~70 a second before). Before, the consumer's poll just
+  returned empty batches: nothing of this happened.
+
 - A SIGTERM while the broker is down ends the process cleanly: exit status 0, every shutdown step
   attempted (what could not be closed cleanly is a warning), "service ... stopped" logged, no
   traceback (aiokafka's consumer.stop() raised a CancelledError out of its fetcher, which ended the
@@ -15,12 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from collector.pipeline.service import KAFKA_PROBE_TIMEOUT_S, NOT_READY_AFTER_S, OUTAGE_LOG_EVERY_S
 from tests.integration.harness import (
     ServiceProcess,
     fail_on_timeout,
     free_ports,
     isolated,
     make_config,
+    metric_value,
+    scrape_metrics,
     until,
     write_config,
 )
@@ -81,3 +90,44 @@ async def test_sigterm_while_kafka_is_down_exits_cleanly(redis_url: str, tmp_pat
         print(f"\n[kafka down, SIGTERM] exit {rc} in {took:.1f}s; last line: {last}")
 
 
+
+
+async def test_kafka_outage_is_reported_and_ridden_out(redis_url: str, tmp_path: Path) -> None:
+    async with isolated(tmp_path / "services", "kafka") as iso:
+        (port,) = free_ports(1)
+        cfg = make_config(iso.kafka_bootstrap, redis_url, admin={"host": "127.0.0.1", "port": port})
+        proc = ServiceProcess(write_config(cfg, tmp_path / "toolwitness.yaml"), tmp_path / "service.log")
+        try:
+            await proc.start()
+            with fail_on_timeout(lambda: f"never ready:\n{proc.log_tail()}"):
+                await until(lambda: status_is(port, "/readyz", 200), timeout=60, interval=0.2)
+            mark = len(log_text(proc))
+            await iso.down("kafka")
+            down_at = time.monotonic()
+            with fail_on_timeout(lambda: f"still ready with Kafka down:\n{proc.log_tail()}"):
+                await until(lambda: status_is(port, "/readyz", 503),
+                            timeout=NOT_READY_AFTER_S + 2 * KAFKA_PROBE_TIMEOUT_S + 20, interval=0.2)
+            not_ready_after = time.monotonic() - down_at
+            failures = metric_value(await scrape_metrics(port), "toolwitness_dependency_failures_total",
+                                    {"component": "service", "loop": "kafka"})
+            assert failures >= 1
+            assert await http_status(port, "/healthz") == 200  # alive: only not ready
+            outage_log = log_text(proc)[mark:].splitlines()
+            down_s = time.monotonic() - down_at
+            ours = [line for line in outage_log if "WARNING toolwitness.service: kafka failed" in line]
+            assert 1 <= len(ours) <= 2 + down_s / OUTAGE_LOG_EVERY_S, ours
+            theirs = [line for line in outage_log if " aiokafka" in line]
+
+            await iso.up("kafka", keep_data=True)
+            with fail_on_timeout(lambda: f"not ready again after Kafka came back:\n{proc.log_tail()}"):
+                await until(lambda: status_is(port, "/readyz", 200), timeout=60, interval=0.2)
+            with fail_on_timeout(lambda: f"the recovery was not logged:\n{proc.log_tail()}"):
+                await until(lambda: "WARNING toolwitness.service: kafka recovered" in log_text(proc), timeout=10)
+            rc = await proc.stop(timeout=40)
+        finally:
+            await proc.stop()
+        assert rc == 0, proc.log_tail()
+        # ~70 a second unthrottled: here one per message kind per 10 s
+        assert len(theirs) <= 6 * down_s, "\n".join(theirs[-40:])
+        print(f"\n[kafka down] not ready after {not_ready_after:.1f}s; {failures:.0f} failures counted; "
+              f"{len(ours)} warning(s) of ours and {len(theirs)} aiokafka lines in {down_s:.1f}s")

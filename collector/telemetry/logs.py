@@ -1,0 +1,44 @@
+"""Keeping a library's log from flooding the service's during an outage."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+
+class RepeatThrottle(logging.Filter):
+    """Lets one record per message kind (logger, level, format string) through per ``every_s``;
+    the next one let through says how many like it were not logged meanwhile. DEBUG records
+    always pass (whoever turns DEBUG on wants all of them)."""
+
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self.every_s = every_s
+        #: message kind -> (when one was last let through, how many were held back since)
+        self._last: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.INFO:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.every_s:
+            self._last[key] = (last[0], last[1] + 1)
+            return False
+        self._last[key] = (now, 0)
+        if last is not None and last[1] and isinstance(record.msg, str):
+            record.msg += f" [{last[1]} more like this in the last {now - last[0]:.0f}s not logged]"
+        return True
+
+
+def throttle_logs(prefix: str, every_s: float) -> None:
+    """Install one ``RepeatThrottle`` on every logger named ``prefix`` or ``prefix.*`` that exists
+    now (a logger's filters see the records logged to it, not its children's: each gets it; a
+    library creates its loggers when its modules are imported). Idempotent."""
+    throttle = RepeatThrottle(every_s)
+    names = [prefix] + [n for n in logging.root.manager.loggerDict if n.startswith(prefix + ".")]
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RepeatThrottle) for f in logger.filters):
+            logger.addFilter(throttle)
