@@ -44,7 +44,7 @@ from google.protobuf.message import DecodeError
 
 from collector.config import KafkaConfig, KafkaSecurityConfig, TopicsConfig
 from collector.exporters.partition import KeyPartitioner
-from collector.producer import RecordRefusedError, RenewingProducer
+from collector.producer import RecordRefusedError, RenewingProducer, start_idempotent
 from collector.wire.convert import (
     TENANT,
     ControlDecodeError,
@@ -660,22 +660,13 @@ class ToolwitnessClient:
     async def _new_producer(self) -> AIOKafkaProducer:
         """A started idempotent producer (the first at ``start()``; a new one when a record the
         broker refused left the last out of sequence: see ``collector.producer``)."""
-        producer = AIOKafkaProducer(
+        return await start_idempotent(
+            self.timeout_s,
             bootstrap_servers=self.bootstrap_servers,
             client_id=self._client_id,
-            enable_idempotence=True,
-            acks="all",
             request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
             **self._kafka_kwargs,
         )
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                await producer.start()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await producer.stop()
-            raise
-        return producer
 
     async def _send(self, topic: str, key: str, value: bytes, what: str = "record") -> None:
         self._require_started()

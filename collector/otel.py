@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaProducer
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -33,7 +32,7 @@ from opentelemetry.trace import format_trace_id
 
 from collector.client import kafka_security_kwargs
 from collector.config import KafkaSecurityConfig
-from collector.producer import RecordRefusedError, RenewingProducer, topic_record_limit
+from collector.producer import RecordRefusedError, RenewingProducer, start_idempotent, topic_record_limit
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES
 from collector.wire.convert import TENANT
 from scoring.normalize.spans import LENGTH_LIMITED_FLAG
@@ -325,23 +324,14 @@ class KafkaSpanExporter(SpanExporter):
         topic_limit = await topic_record_limit(
             self._bootstrap, self._topic, kafka_kwargs=self._kafka_kwargs, timeout_s=self._timeout_s
         )
-        producer = AIOKafkaProducer(
+        return await start_idempotent(
+            self._timeout_s,
             bootstrap_servers=self._bootstrap,
             client_id=self._client_id,
-            enable_idempotence=True,
-            acks="all",
             max_request_size=min(self._max_request_size, topic_limit or self._max_request_size),
             request_timeout_ms=max(1000, int(self._timeout_s * 1000)),
             **self._kafka_kwargs,
         )
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                await producer.start()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await producer.stop()
-            raise
-        return producer
 
     async def _send(self, records: list[tuple[bytes | None, bytes]]) -> list[BaseException | None]:
         return await self._producers.send_each(self._topic, records, self._headers or None)

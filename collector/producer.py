@@ -21,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
@@ -31,7 +32,7 @@ from aiokafka.errors import (
     RecordListTooLargeError,
 )
 
-__all__ = ["RecordRefusedError", "RenewingProducer", "send_each", "topic_record_limit"]
+__all__ = ["RecordRefusedError", "RenewingProducer", "send_each", "start_idempotent", "topic_record_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,20 @@ async def send_each(
         else:
             results[i] = ack
     return results, broke
+
+
+async def start_idempotent(timeout_s: float, **kwargs: Any) -> AIOKafkaProducer:
+    """An idempotent producer (``acks="all"``) with ``kwargs``, started within ``timeout_s``; one
+    that does not start is stopped again (no unclosed producer left behind), and the error raised."""
+    producer = AIOKafkaProducer(enable_idempotence=True, acks="all", **kwargs)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await producer.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise
+    return producer
 
 
 class RenewingProducer:

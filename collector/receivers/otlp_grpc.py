@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -38,7 +37,7 @@ from collector.client import kafka_security_kwargs
 from collector.config import KafkaConfig
 from collector.grpc_server import GrpcServer, GrpcServerConfig
 from collector.otel import split_by_trace_with_rejects
-from collector.producer import RecordRefusedError, RenewingProducer, topic_record_limit
+from collector.producer import RecordRefusedError, RenewingProducer, start_idempotent, topic_record_limit
 from collector.receivers.lenient import parse_lenient
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES, SPANS_IN
 
@@ -154,18 +153,14 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
 
     async def _new_producer(self) -> Any:
         kafka = self.config.kafka
-        producer = AIOKafkaProducer(
+        return await start_idempotent(
+            self._timeout_s,
             bootstrap_servers=kafka.bootstrap_servers,
             client_id=f"{kafka.client_id}-{COMPONENT}",
-            enable_idempotence=True,
-            acks="all",
             max_request_size=self._record_limit,
             request_timeout_ms=kafka.request_timeout_ms,
             **self._kafka_kwargs,
         )
-        async with asyncio.timeout(self._timeout_s):
-            await producer.start()
-        return producer
 
     async def _after_stop(self) -> None:
         if self._producers.started:
