@@ -35,7 +35,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -288,13 +288,37 @@ def sized_trace_spans(*sizes: int) -> tuple[list[ReadableSpan], list[str]]:
     return list(memory.get_finished_spans()), trace_ids
 
 
-async def lower_record_limit(bootstrap: str, topic: str, limit: int) -> None:
+#: the key of the records ``lower_record_limit`` probes the broker with (readers drop them)
+PROBE_KEY = b"probe"
+
+
+async def lower_record_limit(bootstrap: str, topic: str, limit: int) -> int:
+    """Lower ``topic``'s max.message.bytes to ``limit`` and return once the broker enforces it.
+
+    The broker applies a topic's new config when it publishes the metadata record, after the
+    AlterConfigs answer: a record sent right after could still be taken (seen in CI). Until the
+    broker refuses a record just over the limit (a plain producer, key ``PROBE_KEY``), the probe is
+    sent again. Returns how many probes it took, so the caller can drop them when reading."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})])
     finally:
         await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=4 * limit, acks=1)
+    await producer.start()
+    taken = 0
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            while True:
+                try:
+                    await producer.send_and_wait(topic, b"x" * (limit + 1000), key=PROBE_KEY)
+                except KafkaError:
+                    return taken  # refused: the limit holds
+                taken += 1
+                await asyncio.sleep(0.05)
+    finally:
+        await producer.stop()
 
 
 @pytest.mark.parametrize("refused_by", ["producer", "broker"])
@@ -314,14 +338,15 @@ async def test_a_trace_kafka_refuses_costs_an_export_only_that_trace(
     try:
         async with asyncio.timeout(TIMEOUT_S):
             assert await asyncio.to_thread(exporter.export, [first]) is SpanExportResult.SUCCESS
+            probes = 0
             if refused_by == "broker":
-                await lower_record_limit(kafka_bootstrap, topic, 100_000)
+                probes = await lower_record_limit(kafka_bootstrap, topic, 100_000)
             with caplog.at_level(logging.WARNING, logger="collector.otel"):
                 assert await asyncio.to_thread(exporter.export, spans) is SpanExportResult.FAILURE
             assert await asyncio.to_thread(exporter.export, [last]) is SpanExportResult.SUCCESS
     finally:
         await asyncio.to_thread(exporter.shutdown)
-    records = await read_records(kafka_bootstrap, topic, 3)
+    records = [r for r in await read_records(kafka_bootstrap, topic, 3 + probes) if r.key != PROBE_KEY]
     assert [r.key.decode() for r in records] == [before, small, after]
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and big in r.getMessage()]
     assert ("record size limit" if refused_by == "producer" else "max.message.bytes") in warning
@@ -340,18 +365,19 @@ async def test_a_trace_the_topic_refuses_does_not_stop_the_exporter(
     exporter = KafkaSpanExporter(bootstrap_servers=kafka_bootstrap, topic=topic, timeout_s=10)
     exports = [sized_trace_spans(size) for size in (10, 300_000, 10, 10)]
     results = []
+    probes = 0
     try:
         async with asyncio.timeout(TIMEOUT_S):
             for i, (spans, _) in enumerate(exports):
                 if i == 1 and lowered == "after-start":
-                    await lower_record_limit(kafka_bootstrap, topic, 100_000)
+                    probes = await lower_record_limit(kafka_bootstrap, topic, 100_000)
                 with caplog.at_level(logging.WARNING, logger="collector.otel"):
                     results.append(await asyncio.to_thread(exporter.export, spans))
     finally:
         await asyncio.to_thread(exporter.shutdown)
     ok, refused = SpanExportResult.SUCCESS, SpanExportResult.FAILURE
     assert results == [ok, refused, ok, ok]
-    keys = [r.key.decode() for r in await read_records(kafka_bootstrap, topic, 3)]
+    keys = [r.key.decode() for r in await read_records(kafka_bootstrap, topic, 3 + probes) if r.key != PROBE_KEY]
     assert keys == [tids[0] for i, (_, tids) in enumerate(exports) if i != 1]
     big = exports[1][1][0]
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and big in r.getMessage()]
@@ -1012,17 +1038,12 @@ async def test_a_trace_the_topic_refuses_does_not_stop_the_sidecar(
     config = sidecar_config(kafka_bootstrap, topics.model_copy(update={"spans": spans_topic}))
     sidecar = create_sidecar(config, env={})
     before, big, after = uuid.uuid4().bytes, uuid.uuid4().bytes, uuid.uuid4().bytes
+    probes = 0
     async with asyncio.timeout(TIMEOUT_S):
         await sidecar.start()
         try:
             if lowered == "after-start":
-                admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-                await admin.start()
-                try:
-                    resource = ConfigResource(ConfigResourceType.TOPIC, spans_topic, {"max.message.bytes": "100000"})
-                    await admin.alter_configs([resource])
-                finally:
-                    await admin.close()
+                probes = await lower_record_limit(kafka_bootstrap, spans_topic, 100_000)
             async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
                 stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
                 # a record first, so the producer's sequence on the partition is under way
@@ -1033,7 +1054,7 @@ async def test_a_trace_the_topic_refuses_does_not_stop_the_sidecar(
             await sidecar.shutdown()
     assert refused.partial_success.rejected_spans == 1
     assert not ok.HasField("partial_success") or ok.partial_success.rejected_spans == 0
-    assert [r.key for r in await read_records(kafka_bootstrap, spans_topic, 2)] == [
+    assert [r.key for r in await read_records(kafka_bootstrap, spans_topic, 2 + probes) if r.key != PROBE_KEY] == [
         before.hex().encode(),
         after.hex().encode(),
     ]
@@ -1050,13 +1071,7 @@ async def test_a_failed_producer_renewal_is_tried_again_by_the_next_export(
     async with asyncio.timeout(TIMEOUT_S):
         await sidecar.start()
         try:
-            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-            await admin.start()
-            try:
-                lowered = ConfigResource(ConfigResourceType.TOPIC, spans_topic, {"max.message.bytes": "100000"})
-                await admin.alter_configs([lowered])
-            finally:
-                await admin.close()
+            probes = await lower_record_limit(kafka_bootstrap, spans_topic, 100_000)
             real_new = sidecar._new_producer
 
             async def slow_once() -> Any:
@@ -1076,7 +1091,7 @@ async def test_a_failed_producer_renewal_is_tried_again_by_the_next_export(
         finally:
             await sidecar.shutdown()
     assert refused.partial_success.rejected_spans == 1 and len(tries) == 2
-    keys = [r.key for r in await read_records(kafka_bootstrap, spans_topic, 3)]
+    keys = [r.key for r in await read_records(kafka_bootstrap, spans_topic, 3 + probes) if r.key != PROBE_KEY]
     assert keys[1:] == [t.hex().encode() for t in after]
 
 
