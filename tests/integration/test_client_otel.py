@@ -482,15 +482,17 @@ async def test_a_control_record_the_broker_refuses_fails_alone(
     ]
 
 
-async def test_client_creates_missing_topics(kafka_bootstrap: str, kafka_admin: AIOKafkaAdminClient) -> None:
-    stem = f"tw-test-ensure-{uuid.uuid4().hex[:12]}"
-    wanted = TopicsConfig(
-        spans=f"{stem}-spans",
-        control=f"{stem}-control",
-        scores=f"{stem}-scores",
-        observations=f"{stem}-observations",
-        dlq=f"{stem}-dlq",
+def fresh_topics(prefix: str) -> TopicsConfig:
+    """Topic names no other test uses (``<prefix>-<random>-spans`` ...), none of them created."""
+    stem = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    return TopicsConfig(
+        spans=f"{stem}-spans", control=f"{stem}-control", scores=f"{stem}-scores",
+        observations=f"{stem}-observations", dlq=f"{stem}-dlq",
     )
+
+
+async def test_client_creates_missing_topics(kafka_bootstrap: str, kafka_admin: AIOKafkaAdminClient) -> None:
+    wanted = fresh_topics("tw-test-ensure")
     names = [wanted.spans, wanted.control, wanted.scores, wanted.observations, wanted.dlq]
     try:
         async with asyncio.timeout(TIMEOUT_S):
@@ -549,14 +551,7 @@ async def test_start_against_a_broker_that_never_answers_fails_within_timeout_s(
 async def test_without_create_topics_a_missing_scores_topic_is_refused_not_created(
     kafka_bootstrap: str, kafka_admin: AIOKafkaAdminClient
 ) -> None:
-    stem = f"tw-test-missing-{uuid.uuid4().hex[:12]}"
-    wanted = TopicsConfig(
-        spans=f"{stem}-spans",
-        control=f"{stem}-control",
-        scores=f"{stem}-scores",
-        observations=f"{stem}-observations",
-        dlq=f"{stem}-dlq",
-    )
+    wanted = fresh_topics("tw-test-missing")
     tw = ToolwitnessClient(bootstrap_servers=kafka_bootstrap, topics=wanted, create_topics=False)
     try:
         async with asyncio.timeout(TIMEOUT_S):
@@ -566,7 +561,7 @@ async def test_without_create_topics_a_missing_scores_topic_is_refused_not_creat
             # subscribing would have made the broker auto-create it
             assert wanted.scores not in set(await kafka_admin.list_topics())
     finally:
-        leftovers = [t for t in await kafka_admin.list_topics() if t.startswith(stem)]
+        leftovers = [t for t in await kafka_admin.list_topics() if t.startswith(wanted.spans[: -len("-spans")])]
         if leftovers:
             await kafka_admin.delete_topics(leftovers, timeout_ms=30_000)
 

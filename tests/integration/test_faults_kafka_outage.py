@@ -16,13 +16,16 @@ shared one is never touched; the trace state is in the shared Redis under the st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from collector.pipeline.service import KAFKA_PROBE_TIMEOUT_S, NOT_READY_AFTER_S, OUTAGE_LOG_EVERY_S
 from tests.integration.harness import (
+    IsolatedServices,
     ServiceProcess,
     fail_on_timeout,
     free_ports,
@@ -61,7 +64,10 @@ def log_text(proc: ServiceProcess) -> str:
     return proc.log_path.read_text(errors="replace")
 
 
-async def test_sigterm_while_kafka_is_down_exits_cleanly(redis_url: str, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def ready_service(tmp_path: Path, redis_url: str) -> AsyncIterator[tuple[IsolatedServices, ServiceProcess, int]]:
+    """`toolwitness run` on a private broker (the shared Redis), ready (/readyz 200): the services,
+    the process and its admin port. The process is stopped on the way out."""
     async with isolated(tmp_path / "services", "kafka") as iso:
         (port,) = free_ports(1)
         cfg = make_config(iso.kafka_bootstrap, redis_url, admin={"host": "127.0.0.1", "port": port})
@@ -70,16 +76,21 @@ async def test_sigterm_while_kafka_is_down_exits_cleanly(redis_url: str, tmp_pat
             await proc.start()
             with fail_on_timeout(lambda: f"never ready:\n{proc.log_tail()}"):
                 await until(lambda: status_is(port, "/readyz", 200), timeout=60, interval=0.2)
-            await iso.down("kafka")
-            # The consumer has noticed: its fetcher fails and backs off (what made stop() raise).
-            with fail_on_timeout(lambda: f"the consumer never failed a fetch:\n{proc.log_tail()}"):
-                await until(lambda: "Failed fetch messages" in log_text(proc), timeout=30, interval=0.1)
-            assert proc.proc is not None and proc.proc.returncode is None
-            sent = time.monotonic()
-            rc = await proc.stop(timeout=40)
-            took = time.monotonic() - sent
+            yield iso, proc, port
         finally:
             await proc.stop()
+
+
+async def test_sigterm_while_kafka_is_down_exits_cleanly(redis_url: str, tmp_path: Path) -> None:
+    async with ready_service(tmp_path, redis_url) as (iso, proc, _port):
+        await iso.down("kafka")
+        # The consumer has noticed: its fetcher fails and backs off (what made stop() raise).
+        with fail_on_timeout(lambda: f"the consumer never failed a fetch:\n{proc.log_tail()}"):
+            await until(lambda: "Failed fetch messages" in log_text(proc), timeout=30, interval=0.1)
+        assert proc.proc is not None and proc.proc.returncode is None
+        sent = time.monotonic()
+        rc = await proc.stop(timeout=40)
+        took = time.monotonic() - sent
         text = log_text(proc)
         tail = proc.log_tail(40)
         assert rc == 0, f"exit status {rc} after SIGTERM with Kafka down:\n{tail}"
@@ -93,39 +104,30 @@ async def test_sigterm_while_kafka_is_down_exits_cleanly(redis_url: str, tmp_pat
 
 
 async def test_kafka_outage_is_reported_and_ridden_out(redis_url: str, tmp_path: Path) -> None:
-    async with isolated(tmp_path / "services", "kafka") as iso:
-        (port,) = free_ports(1)
-        cfg = make_config(iso.kafka_bootstrap, redis_url, admin={"host": "127.0.0.1", "port": port})
-        proc = ServiceProcess(write_config(cfg, tmp_path / "toolwitness.yaml"), tmp_path / "service.log")
-        try:
-            await proc.start()
-            with fail_on_timeout(lambda: f"never ready:\n{proc.log_tail()}"):
-                await until(lambda: status_is(port, "/readyz", 200), timeout=60, interval=0.2)
-            mark = len(log_text(proc))
-            await iso.down("kafka")
-            down_at = time.monotonic()
-            with fail_on_timeout(lambda: f"still ready with Kafka down:\n{proc.log_tail()}"):
-                await until(lambda: status_is(port, "/readyz", 503),
-                            timeout=NOT_READY_AFTER_S + 2 * KAFKA_PROBE_TIMEOUT_S + 20, interval=0.2)
-            not_ready_after = time.monotonic() - down_at
-            failures = metric_value(await scrape_metrics(port), "toolwitness_dependency_failures_total",
-                                    {"component": "service", "loop": "kafka"})
-            assert failures >= 1
-            assert await http_status(port, "/healthz") == 200  # alive: only not ready
-            outage_log = log_text(proc)[mark:].splitlines()
-            down_s = time.monotonic() - down_at
-            ours = [line for line in outage_log if "WARNING toolwitness.service: kafka failed" in line]
-            assert 1 <= len(ours) <= 2 + down_s / OUTAGE_LOG_EVERY_S, ours
-            theirs = [line for line in outage_log if " aiokafka" in line]
+    async with ready_service(tmp_path, redis_url) as (iso, proc, port):
+        mark = len(log_text(proc))
+        await iso.down("kafka")
+        down_at = time.monotonic()
+        with fail_on_timeout(lambda: f"still ready with Kafka down:\n{proc.log_tail()}"):
+            await until(lambda: status_is(port, "/readyz", 503),
+                        timeout=NOT_READY_AFTER_S + 2 * KAFKA_PROBE_TIMEOUT_S + 20, interval=0.2)
+        not_ready_after = time.monotonic() - down_at
+        failures = metric_value(await scrape_metrics(port), "toolwitness_dependency_failures_total",
+                                {"component": "service", "loop": "kafka"})
+        assert failures >= 1
+        assert await http_status(port, "/healthz") == 200  # alive: only not ready
+        outage_log = log_text(proc)[mark:].splitlines()
+        down_s = time.monotonic() - down_at
+        ours = [line for line in outage_log if "WARNING toolwitness.service: kafka failed" in line]
+        assert 1 <= len(ours) <= 2 + down_s / OUTAGE_LOG_EVERY_S, ours
+        theirs = [line for line in outage_log if " aiokafka" in line]
 
-            await iso.up("kafka", keep_data=True)
-            with fail_on_timeout(lambda: f"not ready again after Kafka came back:\n{proc.log_tail()}"):
-                await until(lambda: status_is(port, "/readyz", 200), timeout=60, interval=0.2)
-            with fail_on_timeout(lambda: f"the recovery was not logged:\n{proc.log_tail()}"):
-                await until(lambda: "WARNING toolwitness.service: kafka recovered" in log_text(proc), timeout=10)
-            rc = await proc.stop(timeout=40)
-        finally:
-            await proc.stop()
+        await iso.up("kafka", keep_data=True)
+        with fail_on_timeout(lambda: f"not ready again after Kafka came back:\n{proc.log_tail()}"):
+            await until(lambda: status_is(port, "/readyz", 200), timeout=60, interval=0.2)
+        with fail_on_timeout(lambda: f"the recovery was not logged:\n{proc.log_tail()}"):
+            await until(lambda: "WARNING toolwitness.service: kafka recovered" in log_text(proc), timeout=10)
+        rc = await proc.stop(timeout=40)
         assert rc == 0, proc.log_tail()
         # ~70 a second unthrottled: here one per message kind per 10 s
         assert len(theirs) <= 6 * down_s, "\n".join(theirs[-40:])
