@@ -50,6 +50,11 @@ def expects(*names: str) -> ScoringExpectation:
     return ScoringExpectation(conditions=(ToolsCalled(tools=tuple(ToolCallRequirement(name=n) for n in names)),))
 
 
+#: every stack ``make_config`` named and ``drop_stack`` has not dropped yet: the integration
+#: conftest drops what a test left behind, so a long run does not pile up topics on the broker.
+UNDROPPED: dict[str, ServiceConfig] = {}
+
+
 def make_config(kafka_bootstrap: str, redis_url: str, **overrides: Any) -> ServiceConfig:
     run = uuid.uuid4().hex[:10]
     topics = TopicsConfig(
@@ -69,7 +74,9 @@ def make_config(kafka_bootstrap: str, redis_url: str, **overrides: Any) -> Servi
             base[k] = {**base[k], **v}
         else:
             base[k] = v
-    return ServiceConfig.model_validate(base)
+    cfg = ServiceConfig.model_validate(base)
+    UNDROPPED[cfg.kafka.topics.spans] = cfg
+    return cfg
 
 
 @dataclass
@@ -419,6 +426,7 @@ class BatchLog:
 async def drop_stack(cfg: ServiceConfig) -> None:
     """Delete a stack's topics and its Redis keys (its key prefix), after the service stopped."""
     t = cfg.kafka.topics
+    UNDROPPED.pop(t.spans, None)
     admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka.bootstrap_servers, request_timeout_ms=30_000)
     async with asyncio.timeout(30):
         await admin.start()
