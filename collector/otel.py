@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -33,6 +33,7 @@ from opentelemetry.trace import format_trace_id
 from collector.client import kafka_security_kwargs
 from collector.config import KafkaSecurityConfig
 from collector.producer import RecordRefusedError, RenewingProducer, start_idempotent, topic_record_limit
+from collector.receivers.decode import otlp_json_bytes
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES
 from collector.wire.convert import TENANT
 from scoring.normalize.spans import LENGTH_LIMITED_FLAG
@@ -233,7 +234,10 @@ class _RefusalLog:
 
 
 class KafkaSpanExporter(SpanExporter):
-    """An OTel SDK ``SpanExporter`` producing ``otlp_proto`` records to Kafka, keyed by trace id.
+    """An OTel SDK ``SpanExporter`` producing OTLP records to Kafka, keyed by trace id.
+
+    ``encoding`` is the record format, as the Collector's kafkaexporter names it: ``otlp_proto``
+    (default) or ``otlp_json``; it must be the service's ``kafka.encoding``.
 
     The idempotent producer (``enable_idempotence=True``, ``acks="all"``) lives on a private
     asyncio loop in a daemon thread; ``export()`` (called from SDK threads) submits to it and
@@ -262,7 +266,12 @@ class KafkaSpanExporter(SpanExporter):
         security: KafkaSecurityConfig | None = None,
         client_id: str = "toolwitness-otel-exporter",
         max_request_size: int = 1024 * 1024,
+        encoding: Literal["otlp_proto", "otlp_json"] = "otlp_proto",
     ) -> None:
+        if encoding not in ("otlp_proto", "otlp_json"):
+            raise ValueError(
+                f"encoding must be 'otlp_proto' or 'otlp_json' (the service's kafka.encoding), got {encoding!r}"
+            )
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if tenant is not None and not TENANT.fullmatch(tenant):  # the service would dead-letter every record
@@ -271,6 +280,9 @@ class KafkaSpanExporter(SpanExporter):
             raise ValueError("tenant_header must not be empty")
         self._bootstrap = bootstrap_servers
         self._topic = topic
+        self._serialize: Callable[[ExportTraceServiceRequest], bytes] = (
+            otlp_json_bytes if encoding == "otlp_json" else ExportTraceServiceRequest.SerializeToString
+        )
         self._headers: list[tuple[str, bytes]] = [(tenant_header, tenant.encode("utf-8"))] if tenant else []
         self._timeout_s = timeout_s
         self._client_id = client_id
@@ -365,7 +377,7 @@ class KafkaSpanExporter(SpanExporter):
             if not parts:
                 return SpanExportResult.SUCCESS
             records: list[tuple[bytes | None, bytes]] = [
-                (tid.encode("ascii"), req.SerializeToString()) for tid, req in parts.items()
+                (tid.encode("ascii"), self._serialize(req)) for tid, req in parts.items()
             ]
             results = self._run(lambda: self._send(records), self._timeout_s)
             refused = [(tid, r) for tid, r in zip(parts, results, strict=True) if isinstance(r, RecordRefusedError)]

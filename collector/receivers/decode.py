@@ -130,6 +130,25 @@ def parse_json_request(value: bytes) -> tuple[ExportTraceServiceRequest, list[tu
     return req, bad
 
 
+def _base64_ids_to_hex(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: base64.b64decode(v).hex() if k in _ID_FIELDS and isinstance(v, str) else _base64_ids_to_hex(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_base64_ids_to_hex(x) for x in node]
+    return node
+
+
+def otlp_json_bytes(req: ExportTraceServiceRequest) -> bytes:
+    """A request as an ``otlp_json`` record, what the Collector's kafkaexporter writes with
+    ``encoding: otlp_json``: the protobuf JSON mapping (lowerCamelCase names, enums as numbers)
+    with trace and span ids as hex, as OTLP/JSON has them. ``parse_json_request`` reads it back."""
+    doc = json_format.MessageToDict(req, use_integers_for_enums=True)
+    return json.dumps(_base64_ids_to_hex(doc), separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def _require_spans(req: ExportTraceServiceRequest) -> None:
     if not req.resource_spans or not any(ss.spans for rs in req.resource_spans for ss in rs.scope_spans):
         raise RecordDecodeError("no_spans", "record decoded but holds no spans")

@@ -109,7 +109,7 @@ def make_agent(cfg: ServiceConfig, tenant: str | None = None) -> Agent:
     provider = TracerProvider(sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=SpanLimits.UNSET))
     counter = SpanCountingProcessor()
     exporter = KafkaSpanExporter(bootstrap_servers=cfg.kafka.bootstrap_servers, topic=cfg.kafka.topics.spans,
-                                 tenant=tenant, tenant_header=cfg.tenant.header)
+                                 tenant=tenant, tenant_header=cfg.tenant.header, encoding=cfg.kafka.encoding)
     provider.add_span_processor(counter)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return Agent(provider, provider.get_tracer("toolwitness-tests"), counter, exporter)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import socket
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ from tests.integration.harness import (
     expects,
     make_agent,
     make_config,
+    read_all,
     running_service,
     settled,
     until,
@@ -137,6 +139,24 @@ async def test_message_scope_and_substring_composite(kafka_bootstrap: str, redis
             scope3 = MessageScorable(message_id=mid, conversation_id="c1", trace_ids=(trace_id,), response_text=text)
             eid3 = await tw.expect(scope3, expects("my_tool_call"), scorer="done_and_tool")
             assert verdict(await tw.wait_for(eid3, timeout=30)) == want, (mid, text)
+    agent.close()
+
+
+async def test_an_otlp_json_pipeline_scores_what_the_sdk_exported(kafka_bootstrap: str, redis_url: str) -> None:
+    """kafka.encoding otlp_json end to end: the SDK exporter writes OTLP/JSON records (as the
+    Collector's kafkaexporter does with that encoding) and the service scores them."""
+    cfg = make_config(kafka_bootstrap, redis_url, kafka={"encoding": "otlp_json"})
+    agent = make_agent(cfg)
+    async with running_service(cfg), control_client(cfg) as tw:
+        trace_id = agent.trace("search", "fetch")
+        ran = await tw.expect(TraceScorable(trace_ids=(trace_id,)), expects("fetch"))
+        never = await tw.expect(TraceScorable(trace_ids=(trace_id,)), expects("delete_everything"))
+        assert verdict(await tw.wait_for(ran, timeout=30)) == "true"
+        await tw.mark_complete(trace_id, span_count=agent.counter.count(trace_id))
+        ev = await tw.wait_for(never, timeout=30)
+        assert verdict(ev) == "false" and ev.coverage.complete
+    records = await read_all(kafka_bootstrap, cfg.kafka.topics.spans)
+    assert records and all(json.loads(r.value or b"")["resourceSpans"] for r in records)
     agent.close()
 
 

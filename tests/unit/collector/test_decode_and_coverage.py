@@ -8,9 +8,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from collector.config import CompletionConfig, ServiceConfig
+from collector.otel import KafkaSpanExporter
 from collector.processors.decide import trace_coverage
 from collector.processors.trace_state import TraceState
-from collector.receivers.decode import RecordDecodeError, decode_span_facts, decode_span_record
+from collector.receivers.decode import (
+    RecordDecodeError,
+    decode_span_facts,
+    decode_span_record,
+    otlp_json_bytes,
+    parse_json_request,
+)
 from scoring.models import CompletionSource
 
 TRACE = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
@@ -114,6 +121,28 @@ def _state(**kw: object) -> TraceState:
 
 C = CompletionConfig(allowed_lateness_ms=100)
 CI = CompletionConfig(mode="inferred", allowed_lateness_ms=100)
+
+
+def test_otlp_json_bytes_is_otlp_json_the_receiver_reads_back() -> None:
+    parent = _span(span_id=7)
+    child = _span(span_id=8)
+    child.parent_span_id = parent.span_id
+    child.kind = Span.SPAN_KIND_CLIENT
+    req = _request(parent, child, resource={"service.name": "agent"})
+    doc = json.loads(otlp_json_bytes(req))
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
+    # OTLP/JSON: ids as hex (not protobuf JSON's base64), enums as integers, lowerCamelCase names
+    ids = (span["traceId"], span["spanId"], span["parentSpanId"])
+    assert ids == (TRACE.hex(), "0000000000000008", "0000000000000007")
+    assert span["kind"] == Span.SPAN_KIND_CLIENT
+    back, rejected = parse_json_request(otlp_json_bytes(req))
+    assert rejected == []
+    assert back == req
+
+
+def test_the_span_exporter_refuses_an_encoding_the_service_cannot_read() -> None:
+    with pytest.raises(ValueError, match=r"encoding must be 'otlp_proto' or 'otlp_json'.*got 'json'"):
+        KafkaSpanExporter(bootstrap_servers="127.0.0.1:1", encoding="json")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
