@@ -37,7 +37,8 @@ class TenantConfig(_Section):
     #: tenant of a record that names none: the same names as every other way in (client, exporter,
     #: sidecar), as it becomes part of Redis keys and score records
     default: str = "default"
-    #: Kafka header carrying the tenant (wins over the resource attribute).
+    #: Kafka header carrying the tenant (wins over the resource attribute). Not empty: the
+    #: sidecar stamps its tenant under this name, and no producer writes a header named "".
     header: str = "toolwitness-tenant"
     #: resource attribute carrying the tenant when a record has no header. The agent writes its
     #: resource attributes itself: "" turns this off (records without the header go to
@@ -50,6 +51,13 @@ class TenantConfig(_Section):
     def _tenant_name(cls, v: str) -> str:
         if not TENANT.fullmatch(v):
             raise ValueError(f"tenant {v[:80]!r} is not {TENANT.pattern}")
+        return v
+
+    @field_validator("header")
+    @classmethod
+    def _header_name(cls, v: str) -> str:
+        if not v:
+            raise ValueError("must not be empty: it names the Kafka header that carries the tenant")
         return v
 
 

@@ -414,3 +414,14 @@ def test_a_usual_default_tenant_still_loads(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text("tenant:\n  default: tenant-b.1_A\n")
     assert load_config(p, env={}).tenant.default == "tenant-b.1_A"
+
+
+def test_an_empty_tenant_header_is_refused_naming_the_key(tmp_path: Path) -> None:
+    # "" was accepted: the sidecar then stamped its tenant under a header with no name
+    p = tmp_path / "c.yaml"
+    p.write_text("tenant:\n  header: ''\n")
+    with pytest.raises(ConfigError, match=r"tenant\.header: .*must not be empty"):
+        load_config(p, env={})
+    with pytest.raises(ConfigError, match=r"tenant\.header: .*empty.*\(set by TOOLWITNESS_TENANT__HEADER\)"):
+        load_config(None, env={"TOOLWITNESS_TENANT__HEADER": ""})
+    assert load_config(None, env={"TOOLWITNESS_TENANT__HEADER": "x-tenant"}).tenant.header == "x-tenant"
