@@ -4,10 +4,11 @@ Every key is validated at start-up; an unknown key, a key given twice or a bad v
 with the dotted path of the offending key. Environment variables override YAML:
 ``TOOLWITNESS_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets ``kafka.bootstrap_servers``
 (double underscore separates levels); the shorthands ``TOOLWITNESS_KAFKA_BOOTSTRAP``
-and ``TOOLWITNESS_REDIS_URL`` are accepted too. ``TOOLWITNESS_SCORERS__<NAME>__<KEY>`` adds
-or changes one scorer tree; the file's other trees (or, with no ``scorers`` section, the
-default ``tools``) stay. Secrets never live in the file: the config names the environment
-variables that hold them.
+and ``TOOLWITNESS_REDIS_URL`` are accepted too, and a variable that looks like a misspelt
+override (``TOOLWITNESS_KAFKA``, ``TOOLWITNESS_KAFKA_GROUP_ID``) is refused.
+``TOOLWITNESS_SCORERS__<NAME>__<KEY>`` adds or changes one scorer tree; the file's other trees
+(or, with no ``scorers`` section, the default ``tools``) stay. Secrets never live in the file:
+the config names the environment variables that hold them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
@@ -333,30 +335,77 @@ def _config_paths(model: type[BaseModel] = ServiceConfig, prefix: tuple[str, ...
     return out
 
 
+#: a value Kubernetes writes for a Service named ``toolwitness-<x>`` (a service link): such a
+#: variable is no misspelt override, even if its name reads like one (TOOLWITNESS_ADMIN_PORT)
+_SERVICE_LINK = re.compile(r"^(tcp|udp|sctp)://")
+
+
+def _sections() -> dict[str, str]:
+    """``SECTION`` -> an example ``SECTION__KEY`` for each top-level section set key by key."""
+    out: dict[str, str] = {}
+    for name, f in ServiceConfig.model_fields.items():
+        model = _model_in(f.annotation)
+        if model is not None:
+            out[name.upper()] = f"{name}__{next(iter(model.model_fields))}".upper()
+        elif get_origin(f.annotation) is dict:  # scorers: named entries, then their keys
+            out[name.upper()] = f"{name.upper()}__<NAME>__TYPE"
+    return out
+
+
+def _not_read(key: str, raw: str) -> str | None:
+    """Why ``key`` looks like a misspelt config override and is not read (None: it is no override).
+
+    Only two shapes: a top-level section on its own (``TOOLWITNESS_KAFKA``) and a config path
+    spelt with single underscores (``TOOLWITNESS_KAFKA_GROUP_ID``, ``TOOLWITNESS_LOGLEVEL``). Other
+    TOOLWITNESS_* variables (the secrets the config names, TOOLWITNESS_TOOL_INTERCEPT, ...) are not
+    config and stay untouched."""
+    rest = key[len(ENV_PREFIX) :] if key.startswith(ENV_PREFIX) else None
+    sections = _sections()
+    if rest in sections:
+        return (
+            f"{key} is not read: the {rest.lower()} section is set one key at a time, "
+            f"e.g. {ENV_PREFIX}{sections[rest]} (two underscores between levels)"
+        )
+    if rest is not None and rest.startswith("SCORERS_"):
+        return (
+            f"{key} is not read: a scorer tree's keys are set as {ENV_PREFIX}SCORERS__<NAME>__<KEY> "
+            "(two underscores between levels)"
+        )
+    near = {"_".join(p).upper(): "__".join(p).upper() for p in _config_paths() if len(p) > 1}
+    if rest is not None and rest in near:
+        if _SERVICE_LINK.match(raw):
+            log.warning(
+                "config: %s is not read (its value looks like a Kubernetes service link; "
+                "the config key would be %s%s)", key, ENV_PREFIX, near[rest],
+            )
+            return None
+        return f"{key} is not read (levels are separated by two underscores): did you mean {ENV_PREFIX}{near[rest]}?"
+    # a misspelt top-level key (TOOLWITNESS_LOGLEVEL): the same letters without underscores
+    squeezed = {k.replace("_", ""): k for k in _SHORTHANDS}
+    if key not in _SHORTHANDS and key.replace("_", "") in squeezed:
+        return f"{key} is not read: did you mean {squeezed[key.replace('_', '')]}?"
+    return None
+
+
 def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any, str]]:
     """(path, value, variable) for every config override in ``env``.
 
     ``TOOLWITNESS_<SECTION>__<KEY>`` (double underscores between levels). A value is taken as
     JSON (numbers, booleans, lists, objects) unless the key is a text field, which keeps it
     verbatim (``TOOLWITNESS_KAFKA__GROUP_ID=2024`` is the group "2024", and
-    ``TOOLWITNESS_SCORERS__T__SUBSTRING=null`` the substring "null")."""
+    ``TOOLWITNESS_SCORERS__T__SUBSTRING=null`` the substring "null"). A variable that looks like
+    a misspelt override (``TOOLWITNESS_KAFKA``, ``TOOLWITNESS_KAFKA_GROUP_ID``) is refused: it
+    would silently change nothing."""
     out: list[tuple[tuple[str, ...], Any, str]] = []
-    near = {"_".join(p).upper(): "__".join(p).upper() for p in _config_paths() if len(p) > 1}
-    # a misspelt top-level key (TOOLWITNESS_LOGLEVEL): the same letters without underscores
-    squeezed = {k.replace("_", ""): k for k in _SHORTHANDS}
+    misspelt: list[str] = []
     for key, raw in sorted(env.items()):
         path: tuple[str, ...] | None = None
         if key in _SHORTHANDS:
             path = _SHORTHANDS[key]
         elif key.startswith(ENV_PREFIX) and "__" in key:
             path = tuple(p.lower() for p in key[len(ENV_PREFIX) :].split("__"))
-        elif key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :] in near:
-            log.warning(
-                "config: %s is not read (levels are separated by two underscores: did you mean %s%s?)",
-                key, ENV_PREFIX, near[key[len(ENV_PREFIX) :]],
-            )
-        elif key.replace("_", "") in squeezed and key not in _SHORTHANDS:
-            log.warning("config: %s is not read (did you mean %s?)", key, squeezed[key.replace("_", "")])
+        elif (why := _not_read(key, raw)) is not None:
+            misspelt.append(why)
         if path is None:
             continue
         value: Any = raw
@@ -366,6 +415,8 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any, s
             except ValueError:
                 value = raw
         out.append((path, value, key))
+    if misspelt:
+        raise ConfigError(f"invalid configuration: {'; '.join(misspelt)}")
     return out
 
 

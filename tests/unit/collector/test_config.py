@@ -1,5 +1,6 @@
 """Service configuration: every key validated, errors name the key, env overrides apply."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -124,15 +125,15 @@ def test_env_text_values_stay_text_and_top_level_keys_are_reachable() -> None:
     assert cfg.log_level == "DEBUG" and cfg.instance == "pod-7" and cfg.redis.cluster is True
 
 
-def test_env_errors_name_the_variable(caplog: pytest.LogCaptureFixture) -> None:
+def test_env_errors_name_the_variable() -> None:
     with pytest.raises(ConfigError, match=r"completion\.allowed_lateness_ms: .*\(set by TOOLWITNESS_COMPLETION__"):
         load_config(None, env={"TOOLWITNESS_COMPLETION__ALLOWED_LATENESS_MS": "soon"})
-    # A config path spelled with single underscores is not read, and says so.
-    with caplog.at_level("WARNING", logger="toolwitness.config"):
-        cfg = load_config(None, env={"TOOLWITNESS_KAFKA_GROUP_ID": "g", "TOOLWITNESS_TOOL_INTERCEPT": "true"})
-    assert cfg.kafka.group_id != "g"
-    (record,) = caplog.records  # only the near miss; other TOOLWITNESS_* variables are not config
-    assert "TOOLWITNESS_KAFKA__GROUP_ID" in record.getMessage()
+    # A config path spelled with single underscores is not read: it is refused, naming the spelling meant.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={"TOOLWITNESS_KAFKA_GROUP_ID": "g", "TOOLWITNESS_TOOL_INTERCEPT": "true"})
+    assert "TOOLWITNESS_KAFKA_GROUP_ID is not read" in str(err.value)
+    assert "did you mean TOOLWITNESS_KAFKA__GROUP_ID?" in str(err.value)
+    assert "TOOL_INTERCEPT" not in str(err.value)  # only the near miss; other TOOLWITNESS_* variables are not config
 
 
 async def test_redis_tls_ca_reaches_the_client_and_needs_rediss(tmp_path: Path) -> None:
@@ -185,18 +186,13 @@ def test_an_env_mapping_overrides_only_the_keys_it_names(tmp_path: Path) -> None
     assert (topics.spans, topics.control, topics.dlq) == ("a.spans-v2", "a.control", "a.dlq")
 
 
-def test_env_scorer_names_keep_their_case_and_top_level_typos_warn(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_env_scorer_names_keep_their_case_and_top_level_typos_are_refused(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text('scorers:\n  myTools:\n    type: substring\n    substring: "can\'t"\n')
-    with caplog.at_level("WARNING", logger="toolwitness.config"):
-        cfg = load_config(p, env={"TOOLWITNESS_SCORERS__MYTOOLS__SUBSTRING": "won't", "TOOLWITNESS_LOGLEVEL": "DEBUG"})
+    cfg = load_config(p, env={"TOOLWITNESS_SCORERS__MYTOOLS__SUBSTRING": "won't"})
     assert cfg.scorers["myTools"].substring == "won't"  # the file's scorer, not a new "mytools"
-    assert cfg.log_level == "INFO"
-    assert [r.getMessage() for r in caplog.records] == [
-        "config: TOOLWITNESS_LOGLEVEL is not read (did you mean TOOLWITNESS_LOG_LEVEL?)"
-    ]
+    with pytest.raises(ConfigError, match=r"TOOLWITNESS_LOGLEVEL is not read: did you mean TOOLWITNESS_LOG_LEVEL\?"):
+        load_config(p, env={"TOOLWITNESS_LOGLEVEL": "DEBUG"})
 
 
 @pytest.mark.parametrize(
@@ -425,3 +421,39 @@ def test_an_empty_tenant_header_is_refused_naming_the_key(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match=r"tenant\.header: .*empty.*\(set by TOOLWITNESS_TENANT__HEADER\)"):
         load_config(None, env={"TOOLWITNESS_TENANT__HEADER": ""})
     assert load_config(None, env={"TOOLWITNESS_TENANT__HEADER": "x-tenant"}).tenant.header == "x-tenant"
+
+
+@pytest.mark.parametrize(
+    ("var", "meant"),
+    [
+        ("TOOLWITNESS_KAFKA", "TOOLWITNESS_KAFKA__BOOTSTRAP_SERVERS"),
+        ("TOOLWITNESS_REDIS", "TOOLWITNESS_REDIS__URL"),
+        ("TOOLWITNESS_SCORERS", "TOOLWITNESS_SCORERS__<NAME>__TYPE"),
+        ("TOOLWITNESS_SCORERS_STRICT_TYPE", "TOOLWITNESS_SCORERS__<NAME>__<KEY>"),
+    ],
+)
+def test_a_section_without_the_two_underscore_separator_is_refused(var: str, meant: str) -> None:
+    # these were silently ignored: the service ran with the file's (or the default) values
+    with pytest.raises(ConfigError, match=rf"{var} is not read: .*{re.escape(meant)}"):
+        load_config(None, env={var: '{"bootstrap_servers": "k:9092", "url": "redis://r:1/0", "t": {"type": "x"}}'})
+
+
+def test_toolwitness_variables_that_are_not_config_are_left_alone(caplog: pytest.LogCaptureFixture) -> None:
+    # the secrets the config names, the boundary's switches, the eval and test-service paths
+    others = {name: "x" for name in (
+        "TOOLWITNESS_KAFKA_SASL_USERNAME", "TOOLWITNESS_KAFKA_SASL_PASSWORD", "TOOLWITNESS_REDIS_PASSWORD",
+        "TOOLWITNESS_SIDECAR_TOKEN", "TOOLWITNESS_TOOL_INTERCEPT", "TOOLWITNESS_POISONING_ENDPOINT",
+        "TOOLWITNESS_POISONING_TOKEN", "TOOLWITNESS_POISONING_TLS", "TOOLWITNESS_POISONING_CA_FILE",
+        "TOOLWITNESS_SCORER_EVALS_PATH", "TOOLWITNESS_EVAL_REGISTRY", "TOOLWITNESS_SERVICES_REDIS_PORT",
+        "TOOLWITNESS_SERVICES_STATE_DIR", "TOOLWITNESS_TAILSAMPLING_BIN",
+        # Kubernetes service links of Services named toolwitness / toolwitness-kafka
+        "TOOLWITNESS_PORT", "TOOLWITNESS_SERVICE_HOST", "TOOLWITNESS_KAFKA_PORT",
+    )}
+    with caplog.at_level("WARNING", logger="toolwitness.config"):
+        assert load_config(None, env=others) == load_config(None, env={})
+        # a service link that reads like admin.port is no typo of ours: a warning, not a refusal
+        assert load_config(None, env={"TOOLWITNESS_ADMIN_PORT": "tcp://10.0.0.7:8888"}).admin.port == 8888
+    assert [r.getMessage() for r in caplog.records] == [
+        "config: TOOLWITNESS_ADMIN_PORT is not read (its value looks like a Kubernetes service link; "
+        "the config key would be TOOLWITNESS_ADMIN__PORT)"
+    ]
