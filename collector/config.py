@@ -24,7 +24,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from collector.wire.convert import TENANT
 from scoring.score.tree import TREE_KEYS_BY_TYPE, keys_not_for
@@ -249,6 +249,23 @@ class ServiceConfig(_Section):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     #: name of this instance in logs and metrics (defaults to host:pid).
     instance: str = ""
+    #: dotted config path -> the environment variable that set it (``load_config`` fills it), so
+    #: an error found after loading (a scorer tree that does not build) names the variable too
+    _env_sources: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def set_by(self, path: str) -> str:
+        """`` (set by VAR)`` / `` (keys in it set by VAR, ...)`` when environment variables set
+        ``path`` or keys below it; empty when it came from the file or the defaults alone."""
+        return _set_by(self._env_sources, path)
+
+
+def _set_by(sources: Mapping[str, str], where: str) -> str:
+    origin = sources.get(where) or next((v for k, v in sources.items() if where.startswith(k + ".")), None)
+    if origin:
+        return f" (set by {origin})"
+    # a section's or tree's own check (keys that do not go together) fails at the section
+    below = sorted(v for k, v in sources.items() if k.startswith(where + "."))
+    return f" (keys in it set by {', '.join(below)})" if below else ""
 
 
 class ConfigError(ValueError):
@@ -492,18 +509,12 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         _set_path(data, p, v)
         sources[".".join(p)] = var
     try:
-        return ServiceConfig.model_validate(data)
+        cfg = ServiceConfig.model_validate(data)
     except ValidationError as exc:
         problems = []
         for e in exc.errors(include_url=False):
             where = ".".join(str(x) for x in e["loc"])
-            origin = next((v for k, v in sources.items() if where == k or where.startswith(k + ".")), None)
-            # a section's or tree's own check (keys that do not go together) fails at the section
-            below = [v for k, v in sources.items() if k.startswith(where + ".")]
-            if origin:
-                problems.append(f"{where}: {e['msg']} (set by {origin})")
-            elif below:
-                problems.append(f"{where}: {e['msg']} (keys in it set by {', '.join(below)})")
-            else:
-                problems.append(f"{where}: {e['msg']}")
+            problems.append(f"{where}: {e['msg']}{_set_by(sources, where)}")
         raise ConfigError(f"invalid configuration: {'; '.join(problems)}") from None
+    cfg._env_sources = sources
+    return cfg

@@ -204,7 +204,15 @@ class Decider:
 
     def __init__(self, config: ServiceConfig) -> None:
         self.cfg = config
-        self.trees: dict[str, Scorer] = {n: build_tree(c, f"scorers.{n}") for n, c in config.scorers.items()}
+        self.trees: dict[str, Scorer] = {}
+        for n, c in config.scorers.items():
+            try:
+                self.trees[n] = build_tree(c, f"scorers.{n}")
+            except ValueError as exc:
+                # a tree set by environment variables: name them (the file does not hold it)
+                if not (origin := config.set_by(f"scorers.{n}")):
+                    raise
+                raise ScorerTreeConfigError(f"{exc}{origin}") from None
         self.identities = {n: t.get_identifier().hash for n, t in self.trees.items()}
 
     def observation_for(

@@ -457,3 +457,28 @@ def test_toolwitness_variables_that_are_not_config_are_left_alone(caplog: pytest
         "config: TOOLWITNESS_ADMIN_PORT is not read (its value looks like a Kubernetes service link; "
         "the config key would be TOOLWITNESS_ADMIN__PORT)"
     ]
+
+
+def test_a_scorer_tree_from_env_that_does_not_build_names_the_variables(tmp_path: Path) -> None:
+    # the config validates key by key; building the tree fails later, and named only scorers.t
+    env = {"TOOLWITNESS_SCORERS__T__TYPE": "threshold", "TOOLWITNESS_SCORERS__T__THRESHOLD": "0.5",
+           "TOOLWITNESS_SCORERS__T__SCORER": '{"type": "substring", "substring": "x"}'}
+    with pytest.raises(ValueError, match=r"scorers\.t: threshold needs a float-scale scorer \(keys in it set by "
+                       r"TOOLWITNESS_SCORERS__T__SCORER, TOOLWITNESS_SCORERS__T__THRESHOLD, "
+                       r"TOOLWITNESS_SCORERS__T__TYPE\)"):
+        Decider(load_config(None, env=env))
+    with pytest.raises(ValueError, match=r"scorers\.t: .* needs scorers \(set by TOOLWITNESS_SCORERS__T\)"):
+        Decider(load_config(None, env={"TOOLWITNESS_SCORERS__T": '{"type": "composite"}'}))
+    # `run` and `validate-config` print it in one line
+    from typer.testing import CliRunner
+
+    from collector.cli import app
+
+    result = CliRunner().invoke(app, ["validate-config"], env={"TOOLWITNESS_SCORERS__T__TYPE": "composite"})
+    assert result.exit_code == 2, result.output
+    assert "scorers.t: type 'composite' needs scorers (keys in it set by TOOLWITNESS_SCORERS__T__TYPE)" in result.output
+    # a tree from the file alone names no variable
+    p = tmp_path / "c.yaml"
+    p.write_text("scorers:\n  t:\n    type: composite\n")
+    with pytest.raises(ValueError, match=r"needs scorers$"):
+        Decider(load_config(p, env={"TOOLWITNESS_KAFKA__GROUP_ID": "g"}))
