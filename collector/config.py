@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from collector.wire.convert import TENANT
 from scoring.score.tree import TREE_KEYS_BY_TYPE, keys_not_for
+from scoring.setup.yaml_keys import DuplicateKeyError, load_yaml
 
 
 class _Section(BaseModel):
@@ -437,54 +438,13 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any, s
     return out
 
 
-class _DuplicateKeyError(yaml.YAMLError):
-    """A key given twice in one YAML mapping."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping. PyYAML keeps the last one, so a
-    second ``kafka:`` block, or a scorer tree of the same name, silently replaced the first."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        #: dotted path of each node below a key or in a list, to name a duplicate key by its path
-        self._where: dict[int, str] = {}
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        where = self._where.get(id(node), "")
-        first: dict[Any, yaml.Node] = {}
-        for key_node, value_node in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: explicit keys may override it
-                continue
-            key = self.construct_object(key_node, deep=True)
-            name = f"{where}.{key}" if where else str(key)
-            try:
-                earlier = first.setdefault(key, key_node)
-            except TypeError:  # an unhashable key: SafeLoader refuses it below
-                continue
-            if earlier is not key_node:
-                lines = sorted({earlier.start_mark.line + 1, key_node.start_mark.line + 1})
-                raise _DuplicateKeyError(
-                    f"key {name} is given twice (line{'s' if len(lines) > 1 else ''} "
-                    f"{' and '.join(map(str, lines))}); YAML would silently keep only the last"
-                )
-            self._where[id(value_node)] = name
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> list[Any]:
-        where = self._where.get(id(node), "")
-        for i, item in enumerate(node.value):
-            self._where[id(item)] = f"{where}[{i}]"
-        return super().construct_sequence(node, deep=deep)
-
-
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> ServiceConfig:
     """Load and validate the configuration; raise ConfigError naming every bad key."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader subclass
-        except _DuplicateKeyError as exc:
+            loaded = load_yaml(path.read_text())
+        except DuplicateKeyError as exc:
             raise ConfigError(f"config {path}: {exc}") from None
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"cannot read config {path}: {exc}") from exc

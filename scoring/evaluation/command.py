@@ -65,6 +65,7 @@ from scoring.evaluation.metrics import HarmScorerMetrics, ObjectiveScorerMetrics
 from scoring.evaluation.protocols import EvaluableScorer
 from scoring.evaluation.registry import RegistryUpdateBehavior
 from scoring.evaluation.traces import TraceScorerMetrics, evaluate_traces_async, load_labeled_traces
+from scoring.setup.yaml_keys import DuplicateKeyError, load_yaml
 
 if TYPE_CHECKING:
     from scoring.evaluation.pipeline import EmbeddedTracePipelineScorer
@@ -125,7 +126,9 @@ def parse_definition(name: str, raw: object) -> ScorerDefinition:
 def load_scorer_config(path: Path) -> dict[str, ScorerDefinition]:
     """Parse the ``scorers:`` mapping of a YAML file."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))  # a key given twice is refused, not dropped
+    except DuplicateKeyError as exc:
+        raise ScorerConfigError(f"{path}: {exc}") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ScorerConfigError(f"{path}: cannot read scorer config: {exc}") from exc
     scorers = data.get("scorers") if isinstance(data, Mapping) else None

@@ -171,3 +171,20 @@ def test_config_validation(tmp_path: Path, yaml_text: str, message: str) -> None
     path.write_text(yaml_text)
     with pytest.raises(ScorerConfigError, match=message):
         load_scorer_config(path)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        # the second `refusal` silently replaced the first: the run evaluated another scorer
+        ("scorers:\n  refusal: {type: substring, substring: sorry}\n  refusal: {type: substring, substring: no}\n",
+         r"key scorers\.refusal is given twice \(lines 2 and 3\)"),
+        ("scorers:\n  a:\n    type: substring\n    substring: x\n    substring: y\n",
+         r"key scorers\.a\.substring is given twice \(lines 4 and 5\)"),
+    ],
+)
+def test_a_key_given_twice_in_the_scorer_config_is_refused(tmp_path: Path, yaml_text: str, message: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ScorerConfigError, match=message):
+        load_scorer_config(path)
