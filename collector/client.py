@@ -71,6 +71,7 @@ from scoring.models import (
 from scoring.models.conditions import Condition
 from scoring.models.evidence import canonical_json
 from scoring.models.scorables import check_trace_id
+from scoring.score.base import ScorerConfigurationError
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -713,6 +714,19 @@ class ToolwitnessClient:
         ``deadline``: how long after registration an undecided expectation ends UNDETERMINED;
         without one the service's ``completion.default_deadline_seconds`` applies (300 s unless
         configured otherwise).
+
+        Raises ``ScorerConfigurationError`` (a ``ValueError``), as ``OtelToolCallScorer`` does
+        in-process, for an expectation with no conditions: a tool-call tree needs one to check,
+        and a text tree has no text to judge unless the scope is a ``MessageScorable`` with
+        ``response_text`` (the one case let through). The client does not know the service's
+        scorer trees: an expectation naming a tree the service lacks (``unknown_scorer``), or
+        one its tree cannot score (``unscorable_expectation``: a condition no scorer in the tree
+        takes, or no condition for a tool-call tree), is dead-lettered by the service and never
+        scored, so ``wait_for`` times out. It shows on the DLQ topic (``kafka.topics.dlq``: the
+        control record keyed by the expectation id, headers ``toolwitness-dlq-reason`` /
+        ``toolwitness-dlq-detail``), in the service's log (``... to DLQ: unknown_scorer``) and in
+        its ``toolwitness_dlq_records_total{reason=...}``; ``toolwitness validate-config`` prints
+        the configured trees.
         """
         if expectation is not None and conditions is not None:
             raise ValueError("pass either `expectation` or `conditions`, not both")
@@ -726,6 +740,14 @@ class ToolwitnessClient:
             expectation = ScoringExpectation(conditions=tuple(conditions or ()), objective=objective)
         elif objective is not None:
             expectation = expectation.model_copy(update={"objective": objective})
+        if not expectation.conditions and not (isinstance(scope, MessageScorable) and scope.response_text):
+            # The service would dead-letter it (a tool-call tree: unscorable_expectation) or judge
+            # nothing (a text tree without text), and the caller would wait out its timeout.
+            raise ScorerConfigurationError(
+                "expect: the expectation has no conditions to check: a tool-call scorer tree (the default "
+                "'tools') needs at least one, e.g. conditions=[ToolsCalled(tools=(ToolCallRequirement(name=...),))]; "
+                "only a text tree judges a MessageScorable's response_text without conditions"
+            )
         eid = expectation_id or uuid.uuid4().hex
         msg = build_expectation(
             expectation_id=eid,
@@ -1033,7 +1055,8 @@ class ToolwitnessClient:
                 f"no score for expectation {expectation_id!r} (tenant {key[0]!r}) on topic {self.topics.scores!r} "
                 f"within {timeout}s: is the service running, was the scope completed or its deadline reached, "
                 "was the expectation accepted (the service dead-letters unknown scorers and unscorable "
-                "expectations), and was the score published after this client started (scores_from)?"
+                f"expectations: see topic {self.topics.dlq!r}, header toolwitness-dlq-reason), and was the "
+                "score published after this client started (scores_from)?"
             ) from None
         finally:
             waiters = self._waiters.get(key)

@@ -171,3 +171,30 @@ async def test_a_partition_moved_ahead_by_the_consumer_is_read_from_where_the_cl
     assert seeks == [5, 8]
     assert [e.expectation_id for e in tw._arrived.values()] == ["five", "six", "skipped-ahead", "after-a-gap"]
     assert tw._positions[tp] == 11
+
+
+async def test_an_expectation_with_no_conditions_is_refused_before_sending(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service dead-lettered it (unscorable_expectation) and the harness waited out its timeout."""
+    from scoring.models import MessageScorable, ScoringExpectation, TraceScorable
+    from scoring.score.base import ScorerConfigurationError
+    from scoring.score.tree import build_scorer_tree
+
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme")
+    sent: list[object] = []
+
+    async def send(key: str, msg: object) -> None:
+        sent.append(msg)
+
+    monkeypatch.setattr(tw, "_send_control", send)
+    trace = TraceScorable(trace_ids=("ab" * 16,))
+    for kwargs in ({"conditions": []}, {}, {"expectation": ScoringExpectation(objective="o")}):
+        with pytest.raises(ScorerConfigurationError, match="no conditions to check"):
+            await tw.expect(trace, **kwargs)  # type: ignore[arg-type]
+    # the same error as the library's tool-call scorer gives in-process
+    with pytest.raises(ScorerConfigurationError, match="needs at least one condition"):
+        build_scorer_tree({"type": "otel_tool_call"}).validate(ScoringExpectation())
+    assert sent == []
+    # a text tree judges a message's response_text without conditions: that one is sent
+    text = MessageScorable(message_id="m-1", trace_ids=("cd" * 16,), response_text="I can't help with that")
+    await tw.expect(text, conditions=[], scorer="refusal")
+    assert len(sent) == 1
