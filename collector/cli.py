@@ -151,8 +151,41 @@ def sidecar(
     except ValidationError as exc:
         typer.echo(f"toolwitness sidecar: {exc.errors(include_url=False)[0]['msg']}", err=True)
         raise typer.Exit(2) from None
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_sidecar(sidecar_cfg))
+    started = False
+
+    def on_started(_: object) -> None:
+        nonlocal started
+        started = True
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_sidecar(sidecar_cfg, on_started=on_started))
+    except Exception as exc:
+        if started:
+            raise
+        # One line naming what failed, as `run` prints; the traceback only at DEBUG.
+        logging.getLogger("toolwitness").debug("sidecar start failed", exc_info=exc)
+        typer.echo(f"toolwitness sidecar: could not start: {_sidecar_start_failure(sidecar_cfg, exc)}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _sidecar_start_failure(cfg: Any, exc: BaseException) -> str:
+    """What failed when the sidecar started, naming the option or setting to check."""
+    from aiokafka.errors import KafkaError
+
+    from collector.grpc_server import ListenError
+
+    what = f"{type(exc).__name__}: {exc}".strip()[:300]
+    kafka = f"Kafka at kafka.bootstrap_servers {cfg.kafka.bootstrap_servers!r}"
+    if isinstance(exc, KafkaError) or "kafka" in type(exc).__module__:
+        return f"{kafka} ({what})"
+    if isinstance(exc, TimeoutError):  # Kafka is the one thing it waits for before it listens
+        return f"{kafka} did not answer within kafka.request_timeout_ms ({cfg.kafka.request_timeout_ms} ms)"
+    if isinstance(exc, ListenError):
+        return f"{exc} (--listen)"
+    if isinstance(exc, OSError) and exc.filename in (cfg.tls_certfile, cfg.tls_keyfile):
+        return f"the TLS files --tls-cert / --tls-key ({what})"
+    return what
 
 
 @app.command()

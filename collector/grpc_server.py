@@ -20,9 +20,13 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from collector.grpc_auth import abort, require_bearer
 
-__all__ = ["GrpcServer", "GrpcServerConfig"]
+__all__ = ["GrpcServer", "GrpcServerConfig", "ListenError"]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+class ListenError(OSError):
+    """The server could not bind its ``listen`` address."""
 
 
 class GrpcServerConfig(BaseModel):
@@ -142,14 +146,24 @@ class GrpcServer(ABC, Generic[C]):
                 await self._before_start()
                 self._server = grpc.aio.server(options=[*self._grpc_options(), ("grpc.so_reuseport", 0)])
                 self._add_servicer(self._server)
+                credentials = None
                 if tls:
                     key = await asyncio.to_thread(Path(self.config.tls_keyfile).read_bytes)
                     cert = await asyncio.to_thread(Path(self.config.tls_certfile).read_bytes)
-                    port = self._server.add_secure_port(listen, grpc.ssl_server_credentials([(key, cert)]))
-                else:
-                    port = self._server.add_insecure_port(listen)
+                    credentials = grpc.ssl_server_credentials([(key, cert)])
+                try:
+                    port = (
+                        self._server.add_secure_port(listen, credentials)
+                        if credentials is not None
+                        else self._server.add_insecure_port(listen)
+                    )
+                except RuntimeError:  # grpc's "Failed to bind to address ..." (its log line says why)
+                    port = 0
                 if not port:
-                    raise OSError(f"{self.COMPONENT}: cannot listen on {listen}")
+                    raise ListenError(
+                        f"{self.COMPONENT}: cannot listen on {listen}: the address is in use, "
+                        "not one of this host's, or not permitted"
+                    )
                 self._port = int(port)
                 await self._server.start()
             except BaseException:

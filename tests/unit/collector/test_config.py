@@ -482,3 +482,44 @@ def test_a_scorer_tree_from_env_that_does_not_build_names_the_variables(tmp_path
     p.write_text("scorers:\n  t:\n    type: composite\n")
     with pytest.raises(ValueError, match=r"needs scorers$"):
         Decider(load_config(p, env={"TOOLWITNESS_KAFKA__GROUP_ID": "g"}))
+
+
+def test_sidecar_says_in_one_line_that_it_could_not_reach_kafka() -> None:
+    """A sidecar that could not start printed a ~100-line traceback; now one line naming the key."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TOOLWITNESS_KAFKA_BOOTSTRAP": f"127.0.0.1:{_closed_port()}",
+           "TOOLWITNESS_KAFKA__REQUEST_TIMEOUT_MS": "2000"}
+    done = subprocess.run(
+        [sys.executable, "-c", "from collector.cli import app; app()", "sidecar", "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "──" not in done.stderr  # neither plain nor rich
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("toolwitness")]
+    assert line.startswith("toolwitness sidecar: could not start: Kafka at kafka.bootstrap_servers '127.0.0.1:"), line
+
+
+def test_sidecar_says_in_one_line_that_its_listen_address_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from typer.testing import CliRunner
+
+    from collector.cli import app
+    from collector.receivers.otlp_grpc import OtlpGrpcReceiver
+
+    async def no_kafka(self: OtlpGrpcReceiver) -> None:  # the bind comes after the Kafka producer
+        pass
+
+    monkeypatch.setattr(OtlpGrpcReceiver, "_before_start", no_kafka)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["sidecar", "--listen", f"127.0.0.1:{port}"])
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)  # no exception escaped: no traceback
+    assert f"toolwitness sidecar: could not start: otlp_grpc: cannot listen on 127.0.0.1:{port}: " in result.output
+    assert result.output.rstrip().endswith("(--listen)")
