@@ -430,7 +430,7 @@ class ToolwitnessClient:
         if not tenant:
             raise ValueError("tenant must not be empty")
         if not TENANT.fullmatch(tenant):  # the service would dead-letter every control message
-            raise ValueError(f"tenant {tenant!r} is not [A-Za-z0-9._-]{{1,64}}")
+            raise ValueError(f"tenant {tenant!r} is not {TENANT.pattern}")
         self.bootstrap_servers = bootstrap_servers
         self.tenant = tenant
         self.topics = topics or TopicsConfig()

@@ -275,7 +275,7 @@ class KafkaSpanExporter(SpanExporter):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if tenant is not None and not TENANT.fullmatch(tenant):  # the service would dead-letter every record
-            raise ValueError(f"tenant {tenant!r} is not [A-Za-z0-9._-]{{1,64}}")
+            raise ValueError(f"tenant {tenant!r} is not {TENANT.pattern}")
         if not tenant_header:
             raise ValueError("tenant_header must not be empty")
         self._bootstrap = bootstrap_servers

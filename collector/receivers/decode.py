@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from collector.config import ServiceConfig
 from collector.processors.normalize import cap_arguments, full_digest, pack_tool, span_fact
 from collector.receivers.lenient import parse_lenient
+from collector.wire.convert import TENANT
 from scoring.normalize.spans import (
     SESSION_KEYS,
     AttrValue,
@@ -38,8 +39,9 @@ from scoring.normalize.spans import (
     span_rules,
 )
 
-#: matched with fullmatch: ``$`` alone would also accept a trailing newline ("acme\n").
-TENANT_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: the one tenant-name rule (``collector.wire.convert.TENANT``), matched with fullmatch: ``$``
+#: alone would also accept a trailing newline ("acme\n").
+TENANT_RE = TENANT
 
 
 class RecordDecodeError(ValueError):
@@ -223,7 +225,7 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
 
 def _bad_tenant(tenant: str, rs: Any) -> list[tuple[str, str, str, str]]:
     """One rejection per span of a resource naming an invalid tenant (no trace: no tenant's state)."""
-    detail = f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}"
+    detail = f"tenant {tenant[:80]!r} is not {TENANT.pattern}"
     return [("", "", "invalid_tenant", detail) for ss in rs.scope_spans[:] for _ in ss.spans[:]]
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import signal
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,6 +39,7 @@ from collector.otel import split_by_trace_with_rejects
 from collector.producer import RecordRefusedError, RenewingProducer, start_idempotent, topic_record_limit
 from collector.receivers.lenient import parse_lenient
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES, SPANS_IN
+from collector.wire.convert import TENANT
 
 __all__ = ["COMPONENT", "OtlpGrpcReceiver", "SidecarConfig", "create_sidecar", "run_sidecar"]
 
@@ -63,8 +63,8 @@ class SidecarConfig(GrpcServerConfig):
     @field_validator("tenant")
     @classmethod
     def _tenant_name(cls, v: str) -> str:
-        if v and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", v):
-            raise ValueError(f"tenant {v[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
+        if v and not TENANT.fullmatch(v):  # the service's own rule: it would dead-letter every record
+            raise ValueError(f"tenant {v[:80]!r} is not {TENANT.pattern}")
         return v
 
 

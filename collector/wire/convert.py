@@ -230,7 +230,7 @@ def decode_control(value: bytes, *, json_format_input: bool = False) -> control_
         raise ControlDecodeError("empty_control", "control message has no expectation, completion or cancel")
     tenant = getattr(msg, kind).tenant
     if tenant and not TENANT.fullmatch(tenant):
-        raise ControlDecodeError("invalid_tenant", f"tenant {tenant[:80]!r} is not [A-Za-z0-9._-]{{1,64}}")
+        raise ControlDecodeError("invalid_tenant", f"tenant {tenant[:80]!r} is not {TENANT.pattern}")
     return msg
 
 

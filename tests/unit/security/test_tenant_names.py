@@ -39,3 +39,35 @@ def test_every_way_in_accepts_the_same_tenant_names(tenant: str) -> None:
     else:
         with pytest.raises(ValueError, match="tenant"):
             ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant=tenant)
+
+
+@pytest.mark.parametrize("tenant", BAD + GOOD)
+def test_the_sidecar_accepts_the_same_tenant_names(tenant: str) -> None:
+    from pydantic import ValidationError
+
+    from collector.receivers.otlp_grpc import SidecarConfig
+
+    if tenant in GOOD:
+        assert SidecarConfig(tenant=tenant).tenant == tenant
+    else:
+        with pytest.raises(ValidationError, match="tenant"):
+            SidecarConfig(tenant=tenant)
+
+
+def test_the_tenant_rule_is_written_down_once() -> None:
+    """The sidecar (and the span decoder) had their own copies of the regex: a change to the rule
+    would have left them accepting tenants the service dead-letters, or refusing ones it takes."""
+    from pathlib import Path
+
+    import collector
+    from collector.receivers.decode import TENANT_RE
+    from collector.wire.convert import TENANT
+
+    assert TENANT_RE is TENANT
+    root = Path(collector.__file__).resolve().parent
+    copies = [
+        p.relative_to(root).as_posix()
+        for p in sorted(root.rglob("*.py"))
+        if "A-Za-z0-9._-]{1,64}" in p.read_text(encoding="utf-8")  # not the topic rule ({1,249})
+    ]
+    assert copies == ["wire/convert.py"]
