@@ -6,9 +6,10 @@ Equal configurations get equal hashes, so metrics and score events can be keyed 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, JsonValue, computed_field
+from pydantic import BaseModel, ConfigDict, JsonValue, computed_field, model_validator
 
 from scoring.models.evidence import canonical_json
 
@@ -22,6 +23,22 @@ class ScorerIdentifier(BaseModel):
     class_module: str
     params: dict[str, JsonValue] = {}
     children: dict[str, tuple[ScorerIdentifier, ...]] = {}
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _dumped_hash(cls, data: Any, handler: Any) -> ScorerIdentifier:
+        """Read back what ``model_dump`` writes: ``hash`` is computed, so a dumped one is checked
+        against the content instead of being refused as an unknown field."""
+        stated = None
+        if isinstance(data, str | bytes | bytearray):  # model_validate_json hands over the text
+            data = json.loads(data)
+        if isinstance(data, dict) and "hash" in data:
+            data = dict(data)
+            stated = data.pop("hash")
+        ident: ScorerIdentifier = handler(data)
+        if stated is not None and stated != ident.hash:
+            raise ValueError(f"hash {stated!r} does not match the identity's content ({ident.hash})")
+        return ident
 
     def _body(self) -> dict[str, Any]:
         return {
