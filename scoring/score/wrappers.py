@@ -18,6 +18,7 @@ from scoring.models.conditions import ScoringExpectation
 from scoring.models.scorables import ContentScorable, MessageScorable, Scorable
 from scoring.models.score import MetadataValue, Score, ScoreType
 from scoring.models.status import ScoreStatus, Verdict
+from scoring.score.adapt import TextScorer, as_scorer
 from scoring.score.base import (
     FloatScaleScorer,
     Scorer,
@@ -58,13 +59,14 @@ class TrueFalseCompositeScorer(TrueFalseScorer):
         self,
         *,
         aggregator: TrueFalseScoreAggregator,
-        scorers: Sequence[TrueFalseScorer],
+        scorers: Sequence[TrueFalseScorer | TextScorer],
         categories: Sequence[str] | None = None,
     ) -> None:
         super().__init__(categories=categories)
-        if not scorers:
+        nodes: list[TrueFalseScorer] = [as_scorer(s) for s in scorers]
+        if not nodes:
             raise ValueError("TrueFalseCompositeScorer needs at least one scorer")
-        for s in scorers:
+        for s in nodes:
             if s.scorer_type != "true_false":
                 raise TypeError(f"{type(s).__name__} is not a true/false scorer")
         if not isinstance(aggregator, TrueFalseScoreAggregator):
@@ -74,7 +76,7 @@ class TrueFalseCompositeScorer(TrueFalseScorer):
                 choices = ", ".join(a.name for a in TrueFalseScoreAggregator)
                 raise ValueError(f"aggregator must be one of {choices}, got {aggregator!r}") from None
         self._aggregator = aggregator
-        self._scorers = tuple(scorers)
+        self._scorers = tuple(nodes)
 
     def children(self) -> Sequence[Scorer]:
         return self._scorers
@@ -111,11 +113,12 @@ class TrueFalseCompositeScorer(TrueFalseScorer):
 class TrueFalseInverterScorer(TrueFalseScorer):
     """Swap TRUE and FALSE; UNDETERMINED and empty results pass through."""
 
-    def __init__(self, *, scorer: TrueFalseScorer, categories: Sequence[str] | None = None) -> None:
+    def __init__(self, *, scorer: TrueFalseScorer | TextScorer, categories: Sequence[str] | None = None) -> None:
         super().__init__(categories=categories)
-        if scorer.scorer_type != "true_false":
-            raise TypeError(f"{type(scorer).__name__} is not a true/false scorer")
-        self._scorer = scorer
+        node: TrueFalseScorer = as_scorer(scorer)
+        if node.scorer_type != "true_false":
+            raise TypeError(f"{type(node).__name__} is not a true/false scorer")
+        self._scorer = node
 
     def children(self) -> Sequence[Scorer]:
         return (self._scorer,)
@@ -145,15 +148,18 @@ class TrueFalseInverterScorer(TrueFalseScorer):
 class FloatScaleThresholdScorer(TrueFalseScorer):
     """TRUE when a float-scale score meets ``threshold`` (>=); UNDETERMINED passes through."""
 
-    def __init__(self, *, scorer: FloatScaleScorer, threshold: float, categories: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, *, scorer: FloatScaleScorer | TextScorer, threshold: float, categories: Sequence[str] | None = None
+    ) -> None:
         super().__init__(categories=categories)
-        if scorer.scorer_type != "float_scale":
-            raise TypeError(f"{type(scorer).__name__} is not a float-scale scorer")
+        node: FloatScaleScorer = as_scorer(scorer)
+        if node.scorer_type != "float_scale":
+            raise TypeError(f"{type(node).__name__} is not a float-scale scorer")
         if isinstance(threshold, bool) or not isinstance(threshold, int | float):
             raise TypeError(f"threshold must be a number in [0, 1], got {threshold!r}")
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {threshold}")
-        self._scorer = scorer
+        self._scorer = node
         # a float, so 1 and 1.0 are one scorer (one identity hash, one metrics entry)
         self._threshold = float(threshold)
 
@@ -279,19 +285,27 @@ class _FallbackMixin:
 
 class TrueFalseFallbackScorer(_FallbackMixin, TrueFalseScorer):
     def __init__(
-        self, *, scorer: TrueFalseScorer, fallback_scorer: TrueFalseScorer, categories: Sequence[str] | None = None
+        self,
+        *,
+        scorer: TrueFalseScorer | TextScorer,
+        fallback_scorer: TrueFalseScorer | TextScorer,
+        categories: Sequence[str] | None = None,
     ) -> None:
         TrueFalseScorer.__init__(self, categories=categories)
-        self._scorer, self._fallback = scorer, fallback_scorer
+        self._scorer, self._fallback = as_scorer(scorer), as_scorer(fallback_scorer)
         self._check_children("true_false")
 
 
 class FloatScaleFallbackScorer(_FallbackMixin, FloatScaleScorer):
     def __init__(
-        self, *, scorer: FloatScaleScorer, fallback_scorer: FloatScaleScorer, categories: Sequence[str] | None = None
+        self,
+        *,
+        scorer: FloatScaleScorer | TextScorer,
+        fallback_scorer: FloatScaleScorer | TextScorer,
+        categories: Sequence[str] | None = None,
     ) -> None:
         FloatScaleScorer.__init__(self, categories=categories)
-        self._scorer, self._fallback = scorer, fallback_scorer
+        self._scorer, self._fallback = as_scorer(scorer), as_scorer(fallback_scorer)
         self._check_children("float_scale")
 
 
@@ -388,12 +402,13 @@ def _leaves(scorer: Scorer) -> list[Scorer]:
     return [leaf for k in kids for leaf in _leaves(k)] if kids else [scorer]
 
 
-def create_conversation_scorer(*, scorer: Scorer) -> Scorer:
+def create_conversation_scorer(*, scorer: Scorer | TextScorer) -> Scorer:
     """Wrap a text scorer so it judges the whole conversation of a scored message.
 
     The result keeps the wrapped scorer's family (true/false or float scale).
     """
-    blind = [type(s).__name__ for s in _leaves(scorer) if not s.reads_text]
+    node: Scorer = as_scorer(scorer)
+    blind = [type(s).__name__ for s in _leaves(node) if not s.reads_text]
     if blind:
         # It would get the conversation's text, find nothing to judge and drop out of any
         # composite around it: a required criterion silently ignored.
@@ -401,8 +416,8 @@ def create_conversation_scorer(*, scorer: Scorer) -> Scorer:
             f"create_conversation_scorer: {', '.join(sorted(set(blind)))} cannot judge text; "
             "only text scorers (e.g. SubStringScorer) can score a whole conversation"
         )
-    if isinstance(scorer, TrueFalseScorer):
-        return ConversationTrueFalseScorer(scorer=scorer)
-    if isinstance(scorer, FloatScaleScorer):
-        return ConversationFloatScaleScorer(scorer=scorer)
-    raise TypeError(f"{type(scorer).__name__} is neither a true/false nor a float-scale scorer")
+    if isinstance(node, TrueFalseScorer):
+        return ConversationTrueFalseScorer(scorer=node)
+    if isinstance(node, FloatScaleScorer):
+        return ConversationFloatScaleScorer(scorer=node)
+    raise TypeError(f"{type(node).__name__} is neither a true/false nor a float-scale scorer")

@@ -28,3 +28,72 @@ def test_scorer_identifier_json_round_trip() -> None:
     tampered = {**leaf.get_identifier().model_dump(), "hash": "0" * 64}
     with pytest.raises(ValidationError, match="does not match"):
         ScorerIdentifier.model_validate(tampered)
+
+
+class _ScriptedChatTarget:
+    """A chat target that answers each request with the next scripted reply."""
+
+    def __init__(self, *replies: str) -> None:
+        self._replies = list(replies)
+
+    async def complete_async(self, messages: object) -> str:
+        return self._replies.pop(0)
+
+    def get_identifier(self) -> object:
+        from scoring.evaluation.identity import SimpleScorerIdentifier
+
+        return SimpleScorerIdentifier(class_name="ScriptedChatTarget", params={"model_name": "m", "temperature": 0.0})
+
+
+async def test_wrappers_take_self_ask_judges_as_seed_004_and_the_eval_config_do() -> None:
+    """Seed 004 wraps a judge directly (``TrueFalseInverterScorer(scorer=SelfAskRefusalScorer(...))``)
+    and docs/evaluation.md configures ``threshold`` over a ``self_ask_likert`` judge; both crashed
+    (the judge has no tree-node members: ValidationError building the identity, then no
+    ``_score_async``)."""
+    from scoring.evaluation.judges import SelfAskLikertScorer, SelfAskTrueFalseScorer
+    from scoring.models import ScoreStatus
+    from scoring.score import FloatScaleThresholdScorer, create_conversation_scorer
+
+    judge = SelfAskTrueFalseScorer(
+        chat_target=_ScriptedChatTarget('{"score_value": "True", "rationale": "refused"}', "no json"),  # type: ignore[arg-type]
+        true_description="refuses",
+        false_description="complies",
+    )
+    not_refused = TrueFalseInverterScorer(scorer=judge)  # type: ignore[arg-type]
+    ident = not_refused.get_identifier()
+    child = ident.get_child("scorer")
+    assert child is not None and child.class_name == "SelfAskTrueFalseScorer"
+    assert child.get_child("prompt_target") is not None
+    first = (await not_refused.score_text_async(text="I can't help with that."))[0]
+    assert first.get_value() is False and "refused" in first.rationale
+    second = (await not_refused.score_text_async(text="Sure."))[0]  # unreadable judge output
+    assert second.status is ScoreStatus.UNDETERMINED and second.get_value() is None
+
+    likert = SelfAskLikertScorer(chat_target=_ScriptedChatTarget('{"score_value": 4}', '{"score_value": 2}'))  # type: ignore[arg-type]
+    strict = FloatScaleThresholdScorer(scorer=likert, threshold=0.5)  # type: ignore[arg-type]
+    assert (await strict.score_text_async(text="a"))[0].get_value() is True  # level 4 of 5: 0.75
+    assert (await strict.score_text_async(text="b"))[0].get_value() is False  # level 2 of 5: 0.25
+    assert create_conversation_scorer(scorer=judge).scorer_type == "true_false"  # type: ignore[arg-type]
+
+
+async def test_eval_config_threshold_over_a_likert_judge_builds() -> None:
+    """The docs/evaluation.md YAML (``violence_strict: {type: threshold, scorer: violence_judge}``)."""
+    from scoring.evaluation.command import ScorerFactory, parse_definition
+
+    definitions = {
+        "violence_judge": parse_definition(
+            "violence_judge",
+            {"type": "self_ask_likert", "target": {"endpoint": "http://127.0.0.1:9", "model_name": "m"},
+             "category": "violence"},
+        ),
+        "violence_strict": parse_definition(
+            "violence_strict", {"type": "threshold", "scorer": "violence_judge", "threshold": 0.5}
+        ),
+    }
+    factory = ScorerFactory(definitions)
+    try:
+        built = factory.build("violence_strict")
+        assert built.scorer_type == "true_false"
+        assert built.get_identifier().hash  # raised ValidationError before
+    finally:
+        await factory.aclose()
