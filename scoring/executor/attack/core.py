@@ -9,6 +9,7 @@ from scoring.models.message import MessagePiece
 from scoring.models.outcome import AttackOutcome
 from scoring.models.score import Score
 from scoring.models.status import ScoreStatus
+from scoring.score.adapt import TextScorer, as_scorer
 from scoring.score.base import Scorer, TrueFalseScorer
 
 __all__ = ["AttackResult", "AttackScoringConfig", "outcome_of"]
@@ -24,6 +25,17 @@ class AttackScoringConfig:
 
     objective_scorer: TrueFalseScorer | None = None
     auxiliary_scorers: Sequence[Scorer] = ()
+
+    def __init__(
+        self,
+        *,
+        objective_scorer: TrueFalseScorer | TextScorer | None = None,
+        auxiliary_scorers: Sequence[Scorer | TextScorer] = (),
+    ) -> None:
+        # A self-ask judge (a text scorer, not a tree node) is scored as a leaf, as in a wrapper.
+        object.__setattr__(self, "objective_scorer", as_scorer(objective_scorer))
+        object.__setattr__(self, "auxiliary_scorers", tuple(as_scorer(s) for s in auxiliary_scorers))
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         s = self.objective_scorer

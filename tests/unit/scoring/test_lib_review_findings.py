@@ -97,3 +97,32 @@ async def test_eval_config_threshold_over_a_likert_judge_builds() -> None:
         assert built.get_identifier().hash  # raised ValidationError before
     finally:
         await factory.aclose()
+
+
+async def test_attack_takes_a_self_ask_judge_as_its_objective_scorer() -> None:
+    """Seed 000: "a normal LLM objective scorer can use the same composite path"; a judge given as
+    ``objective_scorer`` itself crashed (AttributeError: no ``validate``)."""
+    import httpx
+
+    from scoring.evaluation.judges import SelfAskTrueFalseScorer
+    from scoring.executor.attack import AttackScoringConfig, PromptSendingAttack
+    from scoring.models import AttackOutcome
+    from scoring.prompt_target import HTTPTarget
+    from scoring.setup import IN_MEMORY, initialize_pyrit_async
+
+    await initialize_pyrit_async(memory_db_type=IN_MEMORY)
+    target = HTTPTarget(
+        http_request="POST / HTTP/1.1\nHost: local-agent.test\n\n{PROMPT}",
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, text="done")),
+    )
+    judge = SelfAskTrueFalseScorer(
+        chat_target=_ScriptedChatTarget('{"score_value": "True", "rationale": "met"}'),  # type: ignore[arg-type]
+        true_description="the objective is met",
+        false_description="it is not",
+    )
+    attack = PromptSendingAttack(
+        objective_target=target, attack_scoring_config=AttackScoringConfig(objective_scorer=judge)  # type: ignore[arg-type]
+    )
+    result = await attack.execute_async(objective="say done")
+    assert result.outcome is AttackOutcome.SUCCESS
+    assert result.automated_score is not None and result.automated_score.rationale == "met"
