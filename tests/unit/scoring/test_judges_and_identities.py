@@ -1,4 +1,5 @@
-"""Findings of a user-side review of the scoring library (each test failed before its fix)."""
+"""Self-ask judges inside scorer trees and attacks (seed 004, the eval config), and scorer
+identities read back from their own JSON."""
 
 from __future__ import annotations
 
