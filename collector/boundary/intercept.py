@@ -27,8 +27,10 @@ UNDETERMINED rather than FALSE. When a poisoning endpoint is configured
 service for the result to use — the real one, or during a poisoning campaign the same
 value with a payload spliced in. The span records the result the agent receives.
 
-**Fails open.** Any error or timeout (``timeout_s``, default 0.5 s, for the whole exchange)
-returns the real result; the agent is never broken by tracing.
+**Fails open.** Any error or timeout (``timeout_s``, default 0.5 s, for the whole exchange;
+closing its channel may add up to 0.1 s) returns the real result; the agent is never broken by
+tracing. The service gets the same deadline: an answer it could only send after it does not
+count as a delivery.
 
 Environment: ``TOOLWITNESS_TOOL_INTERCEPT`` (``true`` to enable), ``TOOLWITNESS_POISONING_ENDPOINT``
 (host:port; unset = trace only), ``TOOLWITNESS_POISONING_TOKEN`` (bearer token, injected from
@@ -240,28 +242,39 @@ def _host(endpoint: str) -> str:
     return host
 
 
+#: how long closing the call's channel may take past the deadline (``close(grace=None)`` cancels at once)
+_CLOSE_GRACE_S = 0.1
+
+
 async def _ask_service(
-    request: Any, *, endpoint: str, token: str | None, timeout_s: float, env: Mapping[str, str]
+    request: Any, *, endpoint: str, token: str | None, deadline: float, env: Mapping[str, str]
 ) -> Any:
-    """One InterceptTool call on a short-lived channel; the caller bounds the whole of it."""
+    """One InterceptTool call on a short-lived channel, answered by ``deadline`` (the running loop's
+    clock). The gRPC deadline is what is left of it when the call starts, so the service sees the
+    caller's own deadline (and can tell when an answer would come too late to be used); an answer
+    received is returned even if closing the channel then takes a moment."""
     import grpc  # type: ignore[import-untyped]  # imported on first use: the gate-off path never loads grpc
 
     from collector.boundary.wire import boundary_grpc
 
+    loop = asyncio.get_running_loop()
     host = _host(endpoint)
     tls = env.get(ENV_TLS, "").strip().lower() == "true"
     if token and not tls and host not in _LOOPBACK:
         raise _Refused("a bearer token is sent only over TLS or to a loopback address")
     if tls:
         ca_file = env.get(ENV_CA_FILE, "")
-        roots = await asyncio.to_thread(Path(ca_file).read_bytes) if ca_file else None
+        async with asyncio.timeout_at(deadline):
+            roots = await asyncio.to_thread(Path(ca_file).read_bytes) if ca_file else None
         channel = grpc.aio.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=roots))
     else:
         channel = grpc.aio.insecure_channel(endpoint)
     try:
         stub = boundary_grpc.ToolBoundaryStub(channel)
         metadata = (("authorization", f"Bearer {token}"),) if token else None
-        return await stub.InterceptTool(request, timeout=timeout_s, metadata=metadata, wait_for_ready=False)
+        async with asyncio.timeout_at(deadline):
+            return await stub.InterceptTool(request, timeout=max(deadline - loop.time(), 0.001), metadata=metadata,
+                                            wait_for_ready=False)
     finally:
         await channel.close(grace=None)
 
@@ -520,6 +533,7 @@ async def _exchange(
     env: Mapping[str, str],
 ) -> JsonValue:
     """Ask the service for the result to use; the real ``result`` on any failure."""
+    deadline = asyncio.get_running_loop().time() + timeout_s  # serializing the result counts too
     if not _plain_json(result):
         # Not the endpoint's failure: a value JSON cannot carry back unchanged is not offered
         # (it would come back as another value, or be logged as delivered and then refused).
@@ -538,8 +552,9 @@ async def _exchange(
             trace_id=f"{ctx.trace_id:032x}" if ctx.is_valid else "",
             span_id=f"{ctx.span_id:016x}" if ctx.is_valid else "",
         )
-        async with asyncio.timeout(timeout_s):
-            response = await _ask_service(request, endpoint=endpoint, token=token, timeout_s=timeout_s, env=env)
+        # the call is bounded by the deadline; the backstop only bounds the channel's close after it
+        async with asyncio.timeout_at(deadline + _CLOSE_GRACE_S):
+            response = await _ask_service(request, endpoint=endpoint, token=token, deadline=deadline, env=env)
         if not response.poisoned:
             returned = result
         else:

@@ -233,6 +233,20 @@ class CampaignRegistry:
             self._deliveries.append(delivery)
             return Disposition(spliced.value, True, "", delivery, spliced)
 
+    def retract(self, delivery: Delivery) -> bool:
+        """Take back a delivery whose result never reached the caller (it gave up waiting): off the
+        log, and its place under the cap given back when it is the session's latest delivery (its
+        canary is then the next delivery's: the agent never saw it). False when it was not logged."""
+        with self._lock:
+            try:
+                self._deliveries.remove(delivery)
+            except ValueError:
+                return False
+            key = (delivery.campaign_id, delivery.session_id)
+            if self._counts.get(key) == delivery.delivery + 1:
+                self._counts[key] = delivery.delivery
+            return True
+
     def sessions(self) -> Sequence[str]:
         with self._lock:
             return sorted(s for c in self._campaigns.values() for s in c.sessions)

@@ -83,7 +83,9 @@ class InterceptToolResponse(_message.Message):
     """The campaign that delivered it (empty unless poisoned)."""
     reason: _builtins.str
     """Why the result was not poisoned: "not_enrolled", "tool_not_targeted",
-    "max_deliveries_reached", "no_suitable_string"; empty when poisoned.
+    "max_deliveries_reached", "no_suitable_string", "caller_deadline" (the
+    caller's deadline passed before the payload could be delivered: nothing was
+    delivered); empty when poisoned.
     """
     def __init__(
         self,

@@ -241,6 +241,45 @@ async def test_unenrolled_session_gets_its_real_result_byte_identical(
     assert server.registry.deliveries() == []
 
 
+class _SlowRegistry(CampaignRegistry):
+    """Deciding takes ``delay`` seconds (a large result to splice, a busy service)."""
+
+    delay = 0.0
+
+    def decide(self, **kw: Any) -> Any:
+        time.sleep(self.delay)
+        return super().decide(**kw)
+
+
+async def test_a_slow_service_that_answers_after_the_timeout_delivers_nothing(
+    memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent got its real result at the timeout: the service must not log the payload it
+    prepared meanwhile as delivered, nor count it against the session's cap."""
+    provider, exporter = memory_tracer
+    reg = _SlowRegistry([Campaign(campaign_id="c1", payload_template=TEMPLATE, sessions=frozenset({"sess-enrolled"}),
+                                  target_tools=frozenset({"fetch_page"}), max_deliveries_per_session=1)])
+    canary = reg.canaries_for("sess-enrolled")[0]
+    tracer = provider.get_tracer("agent")
+    async with poisoning(reg) as server:
+        monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+        monkeypatch.setenv("TOOLWITNESS_POISONING_ENDPOINT", server.endpoint)
+        reg.delay = 0.4
+        result = "Quarterly report."
+        returned = await intercept_tool(tool_name="fetch_page", tool_arguments="{}", result=result,
+                                        session_id="sess-enrolled", tracer=tracer, timeout_s=0.2)
+        assert returned is result
+        assert "toolwitness.poisoning.canary" not in attrs(exporter)
+        assert reg.deliveries() == [], "the agent never received a payload"
+        reg.delay = 0.0
+        exporter.clear()
+        returned = await intercept_tool(tool_name="fetch_page", tool_arguments="{}", result=result,
+                                        session_id="sess-enrolled", tracer=tracer, timeout_s=5)
+    assert isinstance(returned, str) and canary in returned, "the session's one delivery is still to come"
+    assert attrs(exporter)["toolwitness.poisoning.canary"] == canary
+    assert [d.canary for d in reg.deliveries()] == [canary]
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -121,3 +121,18 @@ def test_cap_holds_under_concurrency() -> None:
         t.join()
     assert results.count(True) == 3
     assert len({d.canary for d in reg.deliveries()}) == 3
+
+
+def test_a_retracted_delivery_leaves_the_log_and_gives_its_place_back() -> None:
+    reg = CampaignRegistry([make(max_deliveries_per_session=2)])
+    first = reg.decide(tool_name="fetch_page", result="text", session_id="s1").delivery
+    assert first is not None and first.delivery == 0
+    assert reg.retract(first) and reg.deliveries() == []
+    assert not reg.retract(first), "retracted once"
+    again = reg.decide(tool_name="fetch_page", result="text", session_id="s1").delivery
+    assert again is not None and again.canary == first.canary, "the agent never saw it: the next delivery's"
+    later = reg.decide(tool_name="fetch_page", result="text", session_id="s1").delivery
+    assert later is not None and later.delivery == 1
+    assert reg.retract(again), "not the latest: off the log, its place under the cap stays used"
+    assert reg.deliveries() == [later]
+    assert reg.decide(tool_name="fetch_page", result="text", session_id="s1").reason == MAX_DELIVERIES_REACHED
