@@ -25,7 +25,8 @@ redaction ``CapturePolicy``; arguments that were truncated or redacted carry
 UNDETERMINED rather than FALSE. When a poisoning endpoint is configured
 (``TOOLWITNESS_POISONING_ENDPOINT=host:port``) the call also asks the ``ToolBoundary``
 service for the result to use — the real one, or during a poisoning campaign the same
-value with a payload spliced in. The span records the result the agent receives.
+value with a payload spliced in. The span records the result the agent receives; the
+service is sent the arguments as the span records them (redacted, cut, or none).
 
 **Fails open.** Any error or timeout (``timeout_s``, default 0.5 s, for the whole exchange;
 closing its channel may add up to 0.1 s) returns the real result; the agent is never broken by
@@ -490,7 +491,13 @@ async def _deliver(
     the call is not offered for poisoning (recorded only)."""
     returned = result
     if target is not None and target.endpoint:
-        returned = await _exchange(span, tool_name=tool_name, tool_arguments=tool_arguments, result=result,
+        # The service is sent the arguments as the span records them: what the policy redacts
+        # (a password, an API key) or leaves out never leaves the process by this way either.
+        try:
+            sent, _ = policy.arguments(tool_arguments)
+        except Exception:  # arguments the policy cannot read (nested too deep): none are sent
+            sent = None
+        returned = await _exchange(span, tool_name=tool_name, tool_arguments=sent or "", result=result,
                                    session_id=session_id, call_id=call_id, endpoint=target.endpoint,
                                    token=target.token, timeout_s=timeout_s, env=target.env)
     try:

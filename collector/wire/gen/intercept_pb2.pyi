@@ -33,7 +33,9 @@ class InterceptToolRequest(_message.Message):
     tool_name: _builtins.str
     """The tool's name, e.g. "get_tickets" (exact, case-sensitive)."""
     tool_arguments_json: _builtins.str
-    """The tool's arguments as a JSON string."""
+    """The tool's arguments as a JSON string, as the caller's capture policy records
+    them (secrets redacted, cut to its limit; empty when it captures none).
+    """
     result_json: _builtins.str
     """The real tool result, serialized as JSON (any JSON value)."""
     session_id: _builtins.str

@@ -176,6 +176,39 @@ async def test_capture_policy_on_arguments(
     assert execution.arguments_state is want, "argument checks on partial arguments are UNDETERMINED, not FALSE"
 
 
+@pytest.mark.parametrize(
+    ("policy", "sent"),
+    [
+        (None, {"to": "a@example.test", "api_key": "[REDACTED]", "auth": {"password": "[REDACTED]"}}),
+        (CapturePolicy(capture_arguments=False), None),
+    ],
+    ids=["redacted", "not-captured"],
+)
+async def test_the_service_is_sent_the_arguments_as_the_policy_records_them(
+    policy: CapturePolicy | None, sent: Any, memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A secret the capture policy keeps out of the span does not leave the process in the
+    poisoning request either (the service does not need the arguments to splice a result)."""
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    monkeypatch.setenv("TOOLWITNESS_POISONING_ENDPOINT", "127.0.0.1:4320")
+    requests: list[Any] = []
+
+    async def ask(request: Any, **kwargs: object) -> InterceptToolResponse:
+        requests.append(request)
+        return InterceptToolResponse(result_json=request.result_json, poisoned=False, reason="not_enrolled")
+
+    monkeypatch.setattr(intercept_mod, "_ask_service", ask)
+    arguments = json.dumps({"to": "a@example.test", "api_key": "sk-live-SECRET", "auth": {"password": "hunter2"}})
+    await intercept_tool(tool_name="send_email", tool_arguments=arguments, result="sent", session_id="s",
+                         tracer=provider.get_tracer("agent"), policy=policy)
+    (request,) = requests
+    assert "SECRET" not in request.tool_arguments_json and "hunter2" not in request.tool_arguments_json
+    assert (json.loads(request.tool_arguments_json) if request.tool_arguments_json else None) == sent
+    recorded = attrs(exporter).get("gen_ai.tool.call.arguments")
+    assert (json.loads(str(recorded)) if recorded is not None else None) == sent
+
+
 async def test_capture_policy_on_results(memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch) -> None:
     provider, exporter = memory_tracer
     monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
