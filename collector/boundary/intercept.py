@@ -243,6 +243,9 @@ def _host(endpoint: str) -> str:
     return host
 
 
+#: the answer is the caller's own result plus a payload, as large as the service may send (its
+#: ``max_message_bytes``): gRPC's 4 MiB default would refuse an answer the service counts as delivered
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 #: how long closing the call's channel may take past the deadline (``close(grace=None)`` cancels at once)
 _CLOSE_GRACE_S = 0.1
 
@@ -267,9 +270,10 @@ async def _ask_service(
         ca_file = env.get(ENV_CA_FILE, "")
         async with asyncio.timeout_at(deadline):
             roots = await asyncio.to_thread(Path(ca_file).read_bytes) if ca_file else None
-        channel = grpc.aio.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=roots))
+        channel = grpc.aio.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=roots),
+                                          options=_CHANNEL_OPTIONS)
     else:
-        channel = grpc.aio.insecure_channel(endpoint)
+        channel = grpc.aio.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
     try:
         stub = boundary_grpc.ToolBoundaryStub(channel)
         metadata = (("authorization", f"Bearer {token}"),) if token else None

@@ -16,7 +16,8 @@ linked to the caller's ``execute_tool`` span, so the agent's own trace and its s
 are untouched). A payload ready only when less than ``DEADLINE_MARGIN_S`` of the caller's gRPC
 deadline is left is not delivered: the caller gives up at its deadline and uses its real
 result, so the result passes through (reason ``caller_deadline``), nothing is logged as
-delivered and the session's cap is not used up.
+delivered and the session's cap is not used up. Likewise a result the payload would make
+larger than ``max_message_bytes`` (gRPC could not send it) passes through (``result_too_large``).
 
 Optional bearer token (``authorization: Bearer <token>``, read from the environment
 variable the config names, ``TOOLWITNESS_POISONING_TOKEN`` by default, unless
@@ -51,6 +52,7 @@ __all__ = [
     "COMPONENT",
     "DELIVERY_SESSION",
     "DELIVERY_SPAN",
+    "RESULT_TOO_LARGE",
     "PoisoningConfig",
     "PoisoningServer",
     "create_poisoning_server",
@@ -67,6 +69,8 @@ _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 #: the response's ``reason`` when the caller's deadline passed before a payload could be delivered
 CALLER_DEADLINE = "caller_deadline"
+#: the response's ``reason`` when the poisoned result would be over ``max_message_bytes``
+RESULT_TOO_LARGE = "result_too_large"
 
 
 class PoisoningConfig(GrpcServerConfig):
@@ -173,6 +177,14 @@ class PoisoningServer(GrpcServer[PoisoningConfig]):
         except BaseException:
             self.registry.retract(delivery)  # never sent: no delivery
             raise
+        if response.ByteSize() > self.config.max_message_bytes:
+            # gRPC would refuse to send it (RESOURCE_EXHAUSTED): the caller keeps its real result
+            self.registry.retract(delivery)
+            log.info(
+                "%s: %s result for session %s not poisoned: with the payload it is over max_message_bytes (%d)",
+                COMPONENT, request.tool_name, request.session_id, self.config.max_message_bytes, extra=_EXTRA,
+            )
+            return self._passthrough(request, RESULT_TOO_LARGE)
         if self._too_late(context):
             # The caller gives up at its deadline and uses its real result: a delivery logged now
             # would be one the agent never received (and would use up the session's cap).

@@ -87,7 +87,8 @@ class InterceptToolResponse(_message.Message):
     """Why the result was not poisoned: "not_enrolled", "tool_not_targeted",
     "max_deliveries_reached", "no_suitable_string", "caller_deadline" (the
     caller's deadline passed before the payload could be delivered: nothing was
-    delivered); empty when poisoned.
+    delivered), "result_too_large" (with the payload the answer would be over the
+    service's message size limit); empty when poisoned.
     """
     def __init__(
         self,

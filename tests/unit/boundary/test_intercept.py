@@ -313,6 +313,37 @@ async def test_a_slow_service_that_answers_after_the_timeout_delivers_nothing(
     assert [d.canary for d in reg.deliveries()] == [canary]
 
 
+@pytest.mark.parametrize("limit_mib", [4, 8])
+async def test_a_result_near_the_message_limit_is_poisoned_or_passed_through_never_lost(
+    limit_mib: int, memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poisoned answer gRPC cannot carry (over the service's limit, or over the client's 4 MiB
+    default when the service allows more) reached no agent: it must not be logged as delivered."""
+    provider, exporter = memory_tracer
+    reg = CampaignRegistry([Campaign(campaign_id="c1", payload_template="NOTE " * 200 + "{canary}",
+                                     sessions=frozenset({"s"}))])
+    canary = reg.canaries_for("s")[0]
+    tracer = provider.get_tracer("agent")
+    config = PoisoningConfig(listen="127.0.0.1:0", max_message_bytes=limit_mib * 1024 * 1024)
+    # just under 4 MiB: the request fits, the poisoned answer does not (the client's default limit too)
+    big = "x" * (4 * 1024 * 1024 - 512)
+    async with PoisoningServer(reg, config) as server:
+        monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+        monkeypatch.setenv("TOOLWITNESS_POISONING_ENDPOINT", server.endpoint)
+        returned = await intercept_tool(tool_name="t", tool_arguments="{}", result=big, session_id="s",
+                                        tracer=tracer, timeout_s=10)
+        delivered = [d.canary for d in reg.deliveries()]
+        if limit_mib == 4:  # the service cannot send it: the real result, nothing delivered
+            assert returned is big and delivered == []
+            assert "toolwitness.poisoning.canary" not in attrs(exporter)
+            exporter.clear()
+            returned = await intercept_tool(tool_name="t", tool_arguments="{}", result="small", session_id="s",
+                                            tracer=tracer, timeout_s=10)
+        assert isinstance(returned, str) and canary in returned
+        assert attrs(exporter)["toolwitness.poisoning.canary"] == canary
+        assert [d.canary for d in reg.deliveries()] == [canary]
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
