@@ -9,6 +9,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import traceback
@@ -463,6 +464,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 _RUN_CLI = "import sys; sys.argv[0] = 'toolwitness'; from collector.cli import app; sys.exit(app())"
 
 
+#: environment names ``toolwitness run`` reads as config overrides (collector.config)
+_CONFIG_OVERRIDE = re.compile(r"TOOLWITNESS_(KAFKA_BOOTSTRAP|REDIS_URL|[A-Z_]+__.*)$")
+
+
 class ServiceProcess:
     """``toolwitness run --config FILE`` as a child process; its output goes to ``log_path``."""
 
@@ -482,7 +487,11 @@ class ServiceProcess:
         self._log = self._open_log()
         self._log.write(f"\n===== start #{self.starts + 1} =====\n".encode())
         self._log.flush()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The config file is the service's whole configuration: config overrides in the test run's
+        # environment (the TOOLWITNESS_KAFKA_BOOTSTRAP / TOOLWITNESS_REDIS_URL that point the tests
+        # at existing servers are also the service's shorthands) would take precedence over it.
+        env = {k: v for k, v in os.environ.items() if not _CONFIG_OVERRIDE.match(k)}
+        env["PYTHONUNBUFFERED"] = "1"
         # `toolwitness run`, from THIS checkout's code: the venv's `toolwitness` script imports the
         # checkout the package was installed from (editable), which need not be the one under test
         # (a git worktree). Run from the repository root, its packages come first on sys.path.
