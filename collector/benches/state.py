@@ -3,7 +3,10 @@
 Figures, all from one run on the real Redis:
 
 - **bytes per active trace** (25 spans; state JSON + pending set, one pending expectation)
-  and **per tool execution** (the slope of the state over 0 → 20 tool executions);
+  and **per tool execution** (the slope of the state over 0 → 20 tool executions); the per-trace
+  figure includes the trace's share of the count of traces in state (``Keys.live``: per tenant,
+  a hash of expiry buckets, and the list of tenants) at its worst: a tenant with one trace, or
+  one trace in each of 1,440 buckets (the share of many traces in a bucket is shown beside);
 - **growth with active traces** (default 1k → 20k; ``--max-traces 100000`` for 100k): every
   key of the run's prefix summed (``SCAN`` + ``MEMORY USAGE``), per trace, at each step —
   linear when the per-trace figure stays flat;
@@ -150,6 +153,40 @@ async def _register_many(store: TraceStateStore, exps: Sequence[RegisteredExpect
         await asyncio.gather(*(store.register(e) for e in exps[i : i + 50]))
 
 
+async def _count_index(store: TraceStateStore, redis: Redis, counted: int) -> dict[str, Any]:
+    """Bytes per trace of the count of traces in state, after ``_per_tool`` loaded ``counted``
+    traces of ``TENANT``: their share (all in one or two buckets: the common case), a tenant with one
+    trace (its hash: one bucket, the sum, the time read; its entry in the list of tenants), and one trace in each of
+    1,440 buckets (a day at 60 s: the most fields a tenant's hash can hold at the default TTL)."""
+    k = store.k
+
+    async def used(key: str) -> int:
+        return int(await redis.memory_usage(key, samples=0) or 0)
+
+    assert (await store.count_traces()).get(TENANT) == counted
+    listed_one = await used(k.live_tenants)
+    shared = (await used(k.live(TENANT)) + listed_one) / counted
+    lone, spread = f"{TENANT}-lone", f"{TENANT}-spread"
+    now = int(time.time() * 1000)
+    store.note_expiry(lone, -2, now + store.ttl_ms)
+    buckets = 1440
+    for i in range(buckets):
+        store.note_expiry(spread, -2, now + store.ttl_ms + i * store.bucket_ms)
+    counts = await store.count_traces()  # as the sweeper reads them (which adds the time read)
+    assert counts.get(lone) == 1 and counts.get(spread) == buckets
+    member = (await used(k.live_tenants) - listed_one) / 2  # a tenant's entry in the list of tenants
+    lone_b = await used(k.live(lone)) + member
+    spread_b = (await used(k.live(spread)) + member) / buckets
+    return {
+        "shared_per_trace": shared,
+        "lone_trace": lone_b,
+        "one_per_bucket_per_trace": spread_b,
+        "buckets": buckets,
+        "worst_per_trace": max(lone_b, spread_b, shared),
+        "bucket_seconds": store.bucket_ms // 1000,
+    }
+
+
 async def _per_tool(store: TraceStateStore, redis: Redis, cfg: ServiceConfig, n: int) -> dict[str, Any]:
     keys = Keys(cfg.redis.key_prefix)
     rows = []
@@ -168,14 +205,20 @@ async def _per_tool(store: TraceStateStore, redis: Redis, cfg: ServiceConfig, n:
                 "state_bytes": sum(s[0] for s in sizes) / n,
                 "pending_bytes": sum(s[1] for s in sizes) / n,
                 "json_bytes": sum(s[2] for s in sizes) / n,
-                "trace_bytes": sum(s[0] + s[1] for s in sizes) / n,
             }
         )
+    index = await _count_index(store, redis, n * len(rows))
+    for r in rows:  # the count's worst share per trace, added to every trace's figure
+        r["index_bytes"] = index["worst_per_trace"]
+        r["trace_bytes"] = r["state_bytes"] + r["pending_bytes"] + r["index_bytes"]
     lo, hi = rows[0], rows[-1]
     slope = (hi["state_bytes"] - lo["state_bytes"]) / (hi["tools"] - lo["tools"])
     json_slope = (hi["json_bytes"] - lo["json_bytes"]) / (hi["tools"] - lo["tools"])
     ten = next(r for r in rows if r["tools"] == TRACE_TOOLS)
-    return {"by_tools": rows, "per_tool_bytes": slope, "per_tool_json_bytes": json_slope, "trace_bytes": ten}
+    return {
+        "by_tools": rows, "per_tool_bytes": slope, "per_tool_json_bytes": json_slope, "trace_bytes": ten,
+        "count_index": index,
+    }
 
 
 async def _trace_growth(
@@ -199,8 +242,10 @@ async def _trace_growth(
             await store.apply(groups, 0)
             loaded += chunk
             adv(chunk)
+        await store.flush_counts()
         kb = await key_bytes(redis, cfg.redis.key_prefix)
-        trace_b = _kind_bytes(kb, ("s", "p"))
+        # the state, and the count of traces in state (the tenant's hash and the list of tenants)
+        trace_b = _kind_bytes(kb, ("s", "p", "live", "live_tenants"))
         exp_b = _kind_bytes(kb, ("def", "deadlines"))
         rows.append(
             {
@@ -351,7 +396,8 @@ def _targets(report: dict[str, Any]) -> list[Target]:
         Target(
             "Redis bytes / active trace (25 spans, 10 tools)",
             f"<= {TARGET_TRACE_BYTES:,} B",
-            f"{pt['trace_bytes']:,.0f} B (one key: state incl. expectation ids)",
+            f"{pt['trace_bytes']:,.0f} B (state incl. expectation ids {pt['state_bytes']:,.0f} B + count of "
+            f"traces in state, worst case {pt['index_bytes']:,.0f} B)",
             0 < pt["trace_bytes"] <= TARGET_TRACE_BYTES,
         ),
         Target(
@@ -386,8 +432,17 @@ def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
         t.add_row(
             f"active trace, 25 spans, {r['tools']} tool executions",
             f"{r['trace_bytes']:,.0f} B",
-            f"one state key (JSON {r['json_bytes']:,.0f} B, pending/decided ids inside)",
+            f"state key {r['state_bytes']:,.0f} B (JSON {r['json_bytes']:,.0f} B, pending/decided ids inside) "
+            f"+ count of traces in state {r['index_bytes']:,.0f} B (worst case)",
         )
+    ix = pt["count_index"]
+    t.add_row(
+        "  count of traces in state, per trace",
+        f"{ix['worst_per_trace']:,.0f} B",
+        f"worst of: a tenant with one trace {ix['lone_trace']:,.0f} B; one trace in each of {ix['buckets']:,} "
+        f"{ix['bucket_seconds']} s buckets {ix['one_per_bucket_per_trace']:,.0f} B; many traces in a bucket "
+        f"{ix['shared_per_trace']:,.1f} B",
+    )
     t.add_row(
         "per tool execution",
         f"{pt['per_tool_bytes']:,.0f} B",

@@ -43,7 +43,7 @@ from collector.processors.decide import Outcome, scope_bytes_bound
 from collector.processors.normalize import rejected_fact
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts, record_tenants, record_traces
-from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_IN_STATE
+from collector.telemetry.metrics import BATCH_SECONDS, DROPPED, RECORDS_IN, SPANS_IN, TRACES_TOUCHED
 from collector.wire.convert import (
     ControlDecodeError,
     RegisteredExpectation,
@@ -161,7 +161,7 @@ class Checkpoint:
         watermark = await self.watermarks.global_watermark()
         work = Work()
         applied = await self.store.apply(groups, watermark)
-        TRACES_IN_STATE.labels(self.name).set(len(applied))
+        TRACES_TOUCHED.labels(self.name).set(len(applied))
         sessions: list[tuple[str, str, str]] = []
         touched: list[tuple[str, str]] = []  # sessions of traces (already linked) that gained spans
         waits: list[tuple[str, str, int]] = []

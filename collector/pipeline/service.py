@@ -35,7 +35,7 @@ from collector.processors.resp import RedisClient
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
 from collector.telemetry.logs import throttle_logs
-from collector.telemetry.metrics import DEPENDENCY_FAILURES
+from collector.telemetry.metrics import DEPENDENCY_FAILURES, TRACES_IN_STATE
 
 log = logging.getLogger("toolwitness.service")
 
@@ -72,6 +72,9 @@ LIBRARY_LOG_EVERY_S = 10.0
 #: each shutdown step (sweeper, consumer, exporter, admin server, Redis) gets at most this long
 #: (5 steps: within the 30 s a Kubernetes pod gets between SIGTERM and SIGKILL by default)
 SHUTDOWN_STEP_S = 5.0
+#: how often the sweeper refreshes ``toolwitness_traces_in_state`` (one script call per tenant,
+#: ~20 us in Redis: it takes the buckets ended since the last read out of the tenant's sum)
+TRACES_GAUGE_EVERY_S = 15.0
 
 
 class Outage:
@@ -157,6 +160,10 @@ class ToolwitnessService:
         self._started = False
         self._last_loop = time.monotonic()
         self._sweeper: asyncio.Task[None] | None = None
+        #: ``refresh_traces_gauge``: how often, when last (monotonic s), and the tenants it set
+        self.traces_gauge_every_s = TRACES_GAUGE_EVERY_S
+        self._gauged_at: float | None = None
+        self._gauged: set[str] = set()
         #: the error that ended the poll loop, if one did
         self._failed: BaseException | None = None
 
@@ -315,6 +322,7 @@ class ToolwitnessService:
             wait = interval
             try:
                 await self.sweep()
+                await self.refresh_traces_gauge()
             except RETRIABLE as exc:
                 wait = max(interval, self.sweep_retry.next_delay())
                 outage.failed(exc, f"sweep not done; retrying in {wait:.1f}s")
@@ -338,6 +346,7 @@ class ToolwitnessService:
             async with self.batch_lock:
                 await self.recovery.recover(self.receiver)
                 self.engine.lost_at_ms = self.recovery.lost_at_ms
+                self.store.counts_lost()
         now = int(time.time() * 1000)
         k = self.store.k
         watermark = await self.watermarks.global_watermark(now)
@@ -392,15 +401,34 @@ class ToolwitnessService:
             await self.store.release(zset, items, lease_until)
         return len(published)
 
+    async def refresh_traces_gauge(self) -> None:
+        """Each sweep: send the count moves the batches noted (when no batch took them along);
+        every ``traces_gauge_every_s``: set ``toolwitness_traces_in_state`` from the counts in
+        Redis, one series per tenant listed there (a tenant no longer listed loses its series)."""
+        now = time.monotonic()
+        if self._gauged_at is not None and now - self._gauged_at < self.traces_gauge_every_s:
+            await self.store.flush_counts()
+            return
+        self._gauged_at = now
+        counts = await self.store.count_traces()
+        component = self.store.name
+        for tenant, n in counts.items():
+            TRACES_IN_STATE.labels(component, tenant).set(n)
+        for tenant in self._gauged - counts.keys():
+            with contextlib.suppress(KeyError):
+                TRACES_IN_STATE.remove(component, tenant)
+        self._gauged = set(counts)
+
     async def shutdown(self) -> None:
-        """Stop the sweeper, leave the group, close the exporter, the admin server and Redis, in
-        that order. Each step is bounded (``SHUTDOWN_STEP_S``) and guarded: one that fails or hangs
-        (Kafka or Redis unreachable) is logged at WARNING and the later ones still run, so a
-        SIGTERM during an outage still ends the process cleanly (exit 0)."""
+        """Stop the sweeper, leave the group, send the last count moves, close the exporter, the
+        admin server and Redis, in that order. Each step is bounded (``SHUTDOWN_STEP_S``) and
+        guarded: one that fails or hangs (Kafka or Redis unreachable) is logged at WARNING and the
+        later ones still run, so a SIGTERM during an outage still ends the process cleanly (exit 0)."""
         self._stopping.set()
         unclean = [what for what, step in (
             ("the sweeper", self._stop_sweeper),
             ("the consumer (leaving the group)", self._stop_receiver),
+            ("the count of traces in state (its last moves)", self.store.flush_counts),
             ("the exporter (flushing the producer)", self.exporter.shutdown),
             ("the admin server", self.admin.shutdown),
             ("the Redis client", self.redis.aclose),

@@ -180,11 +180,11 @@ class InFlight:
             for i, r in zip(refused, retried, strict=True):
                 replies[i] = r
         if raise_on_error:
-            _raise_first(replies)
+            raise_first(replies)
         return replies
 
 
-def _raise_first(replies: list[Any]) -> None:
+def raise_first(replies: list[Any]) -> None:
     for r in replies:
         if isinstance(r, ResponseError):
             raise r
@@ -256,7 +256,7 @@ class ClusterInFlight:
                 raise
             await self._read_into(replies, again)
         if raise_on_error:
-            _raise_first(replies)
+            raise_first(replies)
         return replies
 
     async def _read_into(self, replies: list[Any], parts: Parts) -> None:

@@ -9,11 +9,18 @@ key per trace keeps its memory bounded and measured (``MEMORY USAGE``). Expectat
 ``tw:await_wm`` (traces waiting for the watermark), ``tw:unpub`` (decided but
 not yet published). A batch's updates are EVALSHA calls sent in a few round trips
 (``collector.processors.resp``), not one command at a time.
+
+How many traces have state in Redis (the ``toolwitness_traces_in_state`` gauge) is kept per
+tenant at ``tw:{<tenant>:count}:live``: a hash of expiry bucket -> traces whose state expires in it.
+The trace scripts return their state's expiry before and after they ran; the moves between
+buckets are sent, one script call per tenant, with the next batch's first apply round trip (or
+by the sweeper). The count is the sum of the buckets not ended yet (``count_traces``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,9 +31,11 @@ import orjson
 from redis.commands.core import AsyncScript
 
 from collector.config import ServiceConfig
-from collector.processors.resp import Arg, Commands, Pending, RedisClient, execute, send
+from collector.processors.resp import Arg, Commands, Pending, RedisClient, execute, raise_first, send
 from collector.telemetry.metrics import DROPPED
 from collector.wire.convert import RegisteredExpectation
+
+log = logging.getLogger("toolwitness.trace_state")
 
 SEP = "\x1f"
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode
@@ -58,6 +67,22 @@ def _loads(raw: str | bytes) -> Any:
 
 #: traces per apply round trip; a batch keeps all of its round trips in flight at once.
 APPLY_CHUNK = 64
+#: a tenant stays in the index of counted tenants (``Keys.live_tenants``) this long after the
+#: last bucket it counted a trace in has ended (a margin for clocks: its count is 0 by then).
+LIVE_TENANT_GRACE_S = 600
+
+
+def count_bucket_ms(ttl_ms: int) -> int:
+    """Width of the expiry buckets of the count of traces in state: 1/100 of the state's life,
+    whole seconds from 1 to 60 (1,440 buckets a day at most per tenant). A state is counted
+    until the end of the bucket its expiry falls in: at most this long after it expired."""
+    return max(1, min(60, ttl_ms // 100_000)) * 1000
+
+
+def bucket_end_s(expiry_ms: int, width_ms: int) -> int:
+    """The end (Unix seconds) of the bucket an expiry falls in: the first multiple of the width
+    at or after it."""
+    return -(-expiry_ms // width_ms) * width_ms // 1000
 
 
 def _lua(name: str) -> str:
@@ -103,6 +128,13 @@ class Keys:
         self.unpublished = f"{prefix}:unpub"
         self.epoch = f"{prefix}:epoch"
         self.lost_at = f"{prefix}:lost_at"
+        #: tenants whose count of traces in state (``live``) may be above 0, scored by the end
+        #: (Unix seconds) of the last bucket they counted a trace in
+        self.live_tenants = f"{prefix}:live_tenants"
+
+    def live(self, tenant: str) -> str:
+        """The tenant's count of traces in state: expiry bucket end (Unix s) -> traces."""
+        return f"{self.p}:{{{tenant}:count}}:live"
 
     def state(self, tenant: str, trace_id: str) -> str:
         return f"{self.p}:{{{tenant}:{trace_id}}}:s"
@@ -263,6 +295,14 @@ class TraceStateStore:
         self._session_done: AsyncScript | None = None
         self._claim: AsyncScript | None = None
         self._release: AsyncScript | None = None
+        self._count_move: AsyncScript | None = None
+        self._count_read: AsyncScript | None = None
+        #: width of the expiry buckets of the count of traces in state (``count_bucket_ms``)
+        self.bucket_ms = count_bucket_ms(self.ttl_ms)
+        #: moves of the count of traces in state not sent yet: tenant -> bucket end (s) -> delta
+        self._moves: dict[str, dict[int, int]] = {}
+        #: the score this process last gave each tenant in ``Keys.live_tenants``
+        self._listed: dict[str, int] = {}
 
     async def start(self) -> None:
         # The state scripts share state.lua (Redis scripts cannot import): prepended here, once.
@@ -274,9 +314,12 @@ class TraceStateStore:
         self._session_done = self.redis.register_script(_lua("session_done.lua"))
         self._claim = self.redis.register_script(_CLAIM_LUA)
         self._release = self.redis.register_script(_RELEASE_LUA)
+        self._count_move = self.redis.register_script(_lua("count_move.lua"))
+        self._count_read = self.redis.register_script(_lua("count_read.lua"))
         # Load them now so a broken script fails start-up, not the first batch.
         for script in (
-            self._apply, self._mark, self._decide, self._index, self._session_done, self._claim, self._release
+            self._apply, self._mark, self._decide, self._index, self._session_done, self._claim, self._release,
+            self._count_move, self._count_read,
         ):
             script.sha = await self.redis.script_load(script.script)
 
@@ -303,9 +346,14 @@ class TraceStateStore:
         keys = list(groups)
         chunks = [keys[i : i + APPLY_CHUNK] for i in range(0, len(keys), APPLY_CHUNK)]
         inflight: list[Pending] = []
+        # The count moves noted since the last were sent ride in the first round trip (its first
+        # commands): no round trip of their own.
+        moved = 0
         try:
-            for chunk in chunks:
+            for n, chunk in enumerate(chunks):
                 cmds = Commands()
+                if n == 0:
+                    moved = self._add_moves(cmds)
                 for tenant, trace in chunk:
                     cmds.evalsha(
                         self._apply,
@@ -323,16 +371,25 @@ class TraceStateStore:
                 inflight.append(await send(self.redis, cmds, timeout))
             out: dict[tuple[str, str], ApplyResult] = {}
             for i, chunk in enumerate(chunks):
-                raw = await inflight[i].replies()
+                if i == 0 and moved:
+                    raw = await inflight[i].replies(raise_on_error=False)
+                    self._moves_sent(raw[:moved])
+                    raw = raw[moved:]
+                    raise_first(raw)
+                else:
+                    raw = await inflight[i].replies()
                 for key, r in zip(chunk, raw, strict=True):
-                    out[key] = self._applied(r)
+                    out[key] = self._applied(key[0], r)
         except BaseException:
+            if moved:
+                self._listed.clear()  # the moves may not have reached Redis: list the tenants again
             for f in inflight:
                 await f.abandon()  # no-op for those already read
             raise
         return out
 
-    def _applied(self, r: list[bytes]) -> ApplyResult:
+    def _applied(self, tenant: str, r: list[Any]) -> ApplyResult:
+        self.note_expiry(tenant, int(r[2]), int(r[3]))
         d = _loads(r[0])
         if d.get("ds"):
             DROPPED.labels(self.name, "max_spans_per_trace").inc(int(d["ds"]))
@@ -350,6 +407,97 @@ class TraceStateStore:
             late_sessions=list(d.get("ls") or []),
             touched_sessions=list(d.get("ts") or []),
         )
+
+    # -- the count of traces in state (``Keys.live``) ------------------------------------------------
+
+    def note_expiry(self, tenant: str, old_ms: int, new_ms: int) -> None:
+        """A trace script changed a state's expiry from ``old_ms`` to ``new_ms`` (absolute ms; <= 0:
+        no state): move it between the tenant's expiry buckets (sent later: ``_add_moves``)."""
+        old = bucket_end_s(old_ms, self.bucket_ms) if old_ms > 0 else 0
+        new = bucket_end_s(new_ms, self.bucket_ms) if new_ms > 0 else 0
+        if old == new:
+            return
+        moves = self._moves.setdefault(tenant, {})
+        if old:
+            moves[old] = moves.get(old, 0) - 1
+        if new:
+            moves[new] = moves.get(new, 0) + 1
+
+    def _indexed(self, tenant: str, replies: Sequence[Any]) -> None:
+        """Note the expiry moves of index.lua replies ({code, expiry before, expiry after})."""
+        for r in replies:
+            self.note_expiry(tenant, int(r[1]), int(r[2]))
+
+    def _add_moves(self, cmds: Commands) -> int:
+        """Add the moves noted so far to ``cmds`` (and forget them): one count_move call per tenant,
+        and one ZADD listing the tenants whose last bucket is later than this process last listed.
+        Returns how many commands were added (their replies are for ``_moves_sent``)."""
+        if not self._moves:
+            return 0
+        assert self._count_move is not None
+        moves, self._moves = self._moves, {}
+        added = len(cmds)
+        listed: list[Arg] = []
+        for tenant, buckets in moves.items():
+            args: list[Arg] = []
+            for b, d in buckets.items():
+                if d:
+                    args += (b, d)
+            if not args:
+                continue
+            cmds.evalsha(self._count_move, [self.k.live(tenant)], args)
+            top = max(b for b, d in buckets.items() if d)
+            if top > self._listed.get(tenant, 0):
+                self._listed[tenant] = top
+                listed += (top, tenant)
+        if listed:
+            cmds.add("ZADD", self.k.live_tenants, "GT", *listed)
+        return len(cmds) - added
+
+    def _moves_sent(self, replies: Sequence[Any]) -> None:
+        """The replies of ``_add_moves``' commands. Moves are sent once: one that failed (an error
+        reply here, or a round trip that failed) costs only the count (logged), which mends itself
+        once the buckets it missed have ended (within ``state_ttl_seconds``)."""
+        failed = [r for r in replies if isinstance(r, Exception)]
+        if failed:
+            self._listed.clear()  # list the tenants again with the next moves
+            log.warning("trace_state: %d count move(s) failed (%s); toolwitness_traces_in_state may be off until "
+                        "their buckets end", len(failed), failed[0])
+
+    def counts_lost(self) -> None:
+        """Redis lost its data (``Recovery``): the moves not sent are of states gone with it, and
+        the tenants this process listed are listed no more."""
+        self._moves.clear()
+        self._listed.clear()
+
+    async def flush_counts(self) -> None:
+        """Send the moves noted since the last were sent (the sweeper; shutdown), in one round trip."""
+        cmds = Commands()
+        if not self._add_moves(cmds):
+            return
+        try:
+            replies = await execute(self.redis, cmds, self.cfg.redis.socket_timeout_seconds, raise_on_error=False)
+        except BaseException:
+            self._listed.clear()  # the moves may not have reached Redis: list the tenants again
+            raise
+        self._moves_sent(replies)
+
+    async def count_traces(self) -> dict[str, int]:
+        """Traces whose state Redis holds, by tenant: for each listed tenant, the sum of its buckets
+        that have not ended. A state is counted until the end of the bucket its expiry falls in
+        (``bucket_ms``), so at most that long after it expired. Moves noted here are sent first."""
+        assert self._count_read is not None
+        await self.flush_counts()
+        cmds = Commands()
+        cmds.add("ZREMRANGEBYSCORE", self.k.live_tenants, "-inf", int(time.time()) - LIVE_TENANT_GRACE_S)
+        cmds.add("ZRANGE", self.k.live_tenants, 0, -1)
+        tenants = sorted(_s(t) for t in (await self._execute(cmds))[1])
+        if not tenants:
+            return {}
+        cmds = Commands()
+        for tenant in tenants:
+            cmds.evalsha(self._count_read, [self.k.live(tenant)], [])
+        return {t: int(n) for t, n in zip(tenants, await self._execute(cmds), strict=True)}
 
     async def index_sessions(
         self, items: Iterable[tuple[str, str, str]], watermark_ms: int
@@ -401,6 +549,7 @@ class TraceStateStore:
             ],
         )
         d = _loads(raw)
+        self.note_expiry(tenant, int(d.get("o", -2)), int(d.get("x", -2)))
         return (
             list(d["pend"] or []),
             list(d["dec"] or []),
@@ -499,13 +648,14 @@ class TraceStateStore:
         ttl = max(self.ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)  # the definition's life
         cmds.add("SET", self.k.indexed(exp.tenant, exp.expectation_id), 1, "PX", ttl)
         replies = await self._execute(cmds)
+        self._indexed(exp.tenant, replies[: len(exp.trace_ids())])
         if session is not None:
             traces = sorted(_s(t) for t in replies[-3])
             touch = Commands()
             for trace in traces:
                 touch.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "touch", 0])
             if traces:
-                await self._execute(touch)
+                self._indexed(exp.tenant, await self._execute(touch))
 
     async def forget(self, exp: RegisteredExpectation) -> None:
         """Drop a cancelled expectation from every index (pending, and decided: nothing revises it)."""
@@ -517,7 +667,7 @@ class TraceStateStore:
             cmds.add("SREM", self.k.session_pending(exp.tenant, exp.scope.session_id), exp.expectation_id)
             cmds.add("SREM", self.k.session_decided(exp.tenant, exp.scope.session_id), exp.expectation_id)
         cmds.add("ZREM", self.k.deadlines, member(exp.tenant, exp.expectation_id))
-        await self._execute(cmds)
+        self._indexed(exp.tenant, (await self._execute(cmds))[: len(exp.trace_ids())])
 
     async def mark_session_complete(self, tenant: str, session_id: str, at_ms: int) -> list[str]:
         """Record a session completion marker; return the session's pending expectation ids."""
@@ -696,7 +846,8 @@ class TraceStateStore:
         replies = await self._execute(cmds)
         late: list[tuple[str, str]] = []
         for ((op, tenant, _trace), ids), reply in zip(indexed, replies[: len(indexed)], strict=True):
-            if op == "done" and reply == 2:
+            self._indexed(tenant, [reply])
+            if op == "done" and reply[0] == 2:
                 late += [(tenant, i) for i in ids]
         # a trace joined the session while it was being decided: the decision may have missed it
         late += [(tenant, exp_id) for at, tenant, exp_id in checked if replies[at] == 1]
@@ -715,7 +866,8 @@ class TraceStateStore:
             cmds.evalsha(
                 self._index, [self.k.state(tenant, trace), self.k.tombstone(tenant, trace)], [self.ttl_ms, "done", ms]
             )
-        await self._execute(cmds)
+        for (tenant, _trace), reply in zip(traces, await self._execute(cmds), strict=True):
+            self._indexed(tenant, [reply])
 
     async def restore_decision(
         self, tenant: str, expectation_id: str, version: int, score_id: str, event: bytes, verdict: str

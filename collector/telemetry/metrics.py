@@ -43,10 +43,19 @@ DLQ_RECORDS = Counter(
 DROPPED = Counter(
     "toolwitness_dropped", "Items dropped by a limit or rule, by reason.", ["component", "reason"], registry=REGISTRY
 )
-TRACES_IN_STATE = Gauge(
+TRACES_TOUCHED = Gauge(
     "toolwitness_traces_touched",
     "Distinct traces updated in Redis by the last batch.",
     ["component"],
+    registry=REGISTRY,
+)
+TRACES_IN_STATE = Gauge(
+    "toolwitness_traces_in_state",
+    "Traces whose state Redis holds now (created, not yet expired or reclaimed), by tenant. Counted in Redis, "
+    "so every instance reports the same figure (aggregate with max, not sum); refreshed by the sweeper every "
+    "15 s. A state is counted until the end of the expiry bucket it falls in (redis.state_ttl_seconds / 100, "
+    "1 to 60 s): at most that long after it expired.",
+    ["component", "tenant"],
     registry=REGISTRY,
 )
 DECISIONS = Counter(

@@ -207,3 +207,37 @@ async def test_data_loss_on_one_shard_is_noticed(kafka_bootstrap: str, cluster: 
         assert recovery.lost_at_ms > 0
     finally:
         await rc.aclose()
+
+
+async def test_traces_in_state_are_counted_with_the_counts_on_other_shards_than_the_states(
+    cluster: RedisClusterNodes, client: RedisCluster
+) -> None:
+    """Each trace script touches only its trace's slot and returns the expiry moves; the per-tenant
+    counts (their own slots) are moved by separate commands of the same round trips: no CROSSSLOT."""
+    run = uuid.uuid4().hex[:8]
+    cfg = ServiceConfig.model_validate(
+        {"redis": {"url": cluster.url, "cluster": True, "key_prefix": f"tc{run}", "state_ttl_seconds": 60}}
+    )
+    store = TraceStateStore(client, cfg)
+    await store.start()
+    k = store.k
+    tenants: list[str] = []  # until their counts live on every primary
+    while not tenants or _slot_owner_ports(cluster, [k.live(t) for t in tenants]) != set(cluster.ports):
+        assert len(tenants) < 100
+        tenants.append(f"t{len(tenants)}-{run}")
+    traces = {t: [uuid.uuid4().hex for _ in range(i % 4 + 1)] for i, t in enumerate(tenants)}
+    fact = {"i": "s1", "p": "", "r": 0, "e": 1, "f": [], "x": False, "s": ""}
+    groups = {(t, tr): [fact] for t, trs in traces.items() for tr in trs}
+    try:
+        await store.apply(groups, 0)
+        # the next batch takes the moves along (its first round trip), then renews nothing: a replay
+        await store.apply(dict(list(groups.items())[:1]), 0)
+        assert not store._moves
+        assert await store.count_traces() == {t: len(trs) for t, trs in traces.items()}
+        await store.reclaim([(tenants[-1], traces[tenants[-1]][0])])  # a shorter life: moved, not lost
+        assert await store.count_traces() == {t: len(trs) for t, trs in traces.items()}
+    finally:
+        for key in [k.live(t) for t in tenants] + [k.live_tenants]:
+            await client.delete(key)
+        for t, tr in groups:
+            await client.delete(k.state(t, tr))

@@ -6,10 +6,13 @@
 -- Span fact (an array, in this order): span id, parent id or "", parent remote 0/1, end ms
 --   (0 = not ended), {reasons...}, execution array or false, session id or ""
 --   (the service's fact dicts {i, p, r, e, f, x, s}, sent positionally: smaller, cheaper to code)
--- Returns {summary, state}: summary JSON {new, ds (spans dropped by the limit), dx (executions
---   dropped), n, late, root_end, pend=[...], dec=[...] (only when late), sess=[...]}; state the
---   trace's state JSON when it has pending or (late) decided expectations, else ""
+-- Returns {summary, state, old expiry, new expiry}: summary JSON {new, ds (spans dropped by the
+--   limit), dx (executions dropped), n, late, root_end, pend=[...], dec=[...] (only when late),
+--   sess=[...]}; state the trace's state JSON when it has pending or (late) decided expectations,
+--   else ""; the state key's expiry (PEXPIRETIME, ms) before and after (-2: no state), which the
+--   caller moves in the tenant's count of traces in state (TraceStateStore.note_expiry)
 local st, raw = load_or_new(KEYS[1], KEYS[2])
+local old_exp = expiry_of(KEYS[1], raw)
 local facts = cjson.decode(ARGV[2])
 local max_spans = tonumber(ARGV[3])
 local max_execs = tonumber(ARGV[4])
@@ -138,13 +141,16 @@ end
 if st.mc >= 0 and st.n > st.mc then st.l = 1 end
 
 local encoded = dump_state(st)
+local new_exp = old_exp
 -- Write back when anything changed, including a limit flag set by spans that were all dropped.
 if not raw then
   redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
+  new_exp = expiry_of(KEYS[1], true)
 elseif added > 0 or flagged then
   -- An active trace keeps its evidence for state_ttl after its LAST change, not its first: a
   -- long trace must not lose its early spans mid-way (a later span would start it afresh).
   redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
+  new_exp = expiry_of(KEYS[1], true)
 end
 local pend = keys_of(st.pe)
 local dec = {}
@@ -158,4 +164,5 @@ local out_state = ''
 if #pend > 0 or #dec > 0 then out_state = encoded end
 -- The state goes back as its own reply element: not re-encoded (escaped) inside the summary.
 return {cjson.encode({new = added, ds = dropped_spans, dx = dropped_execs, n = st.n, late = st.l,
-  root_end = root_end, pend = pend, dec = dec, sess = new_sessions, ls = late_sessions, ts = touched}), out_state}
+  root_end = root_end, pend = pend, dec = dec, sess = new_sessions, ls = late_sessions, ts = touched}), out_state,
+  old_exp, new_exp}

@@ -7,8 +7,11 @@
 -- ARGV[3] reclaim ms: > 0 shortens the state's life to at most that (PEXPIRE LT; the trace is
 --   complete and decided: a decision was judged on its complete coverage), 0 leaves it
 -- ARGV[4..] ids
+-- Returns {code, expiry before, expiry after} (expiries: see expiry_of); code 0: no state (nothing
+--   done), 1: done, 2: see the end
 local st, raw = load_or_new(KEYS[1], KEYS[2])
-if not raw and ARGV[2] ~= 'add' then return 0 end
+if not raw and ARGV[2] ~= 'add' then return {0, -2, -2} end
+local old_exp = expiry_of(KEYS[1], raw)
 local renew = ARGV[2] == 'add' or ARGV[2] == 'touch'
 local reclaim = tonumber(ARGV[3])
 -- Judged complete by someone (the sweeper, another instance) whose watermark may be ahead of the
@@ -50,5 +53,6 @@ if reclaim > 0 and next(st.pe) == nil and next(st.ss) == nil then
 end
 -- 2: a decision recorded on a trace that is late already -- a span broke the completion claim
 -- between its evaluation and now (the sweeper decided while a batch applied it): re-judge it.
-if ARGV[2] == 'done' and st.l == 1 and #ARGV >= 4 then return 2 end
-return 1
+local code = 1
+if ARGV[2] == 'done' and st.l == 1 and #ARGV >= 4 then code = 2 end
+return {code, old_exp, expiry_of(KEYS[1], true)}

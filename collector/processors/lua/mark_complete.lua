@@ -3,8 +3,9 @@
 -- ARGV[1] ttl ms  ARGV[2] span count (-1 = unknown)  ARGV[3] marker event time ms
 -- ARGV[4] global watermark ms  ARGV[5] allowed lateness ms  ARGV[6] inferred completion (1/0)
 -- Returns JSON {pend=[...], dec=[...], sess=[the trace's sessions], ls=[its sessions, if this marker
---   made it late], state=<json>}
+--   made it late], state=<json>, o=<expiry before>, x=<expiry after>} (expiries: see expiry_of)
 local st, raw = load_or_new(KEYS[1], KEYS[2])
+local old_exp = expiry_of(KEYS[1], raw)
 -- Already late (a late span, or a state recreated from its tombstone): what was decided on it was
 -- re-judged then; a marker sent again is no new evidence.
 local was_late = st.l == 1
@@ -34,4 +35,5 @@ end
 local dec = {}
 local late_sessions = {}
 if st.l == 1 and not was_late then dec = keys_of(st.de); late_sessions = keys_of(st.ss) end
-return cjson.encode({pend = keys_of(st.pe), dec = dec, sess = keys_of(st.ss), ls = late_sessions, state = encoded})
+return cjson.encode({pend = keys_of(st.pe), dec = dec, sess = keys_of(st.ss), ls = late_sessions, state = encoded,
+  o = old_exp, x = expiry_of(KEYS[1], true)})

@@ -25,6 +25,13 @@ local function load_or_new(state_key, tomb_key)
   end
   return st, false
 end
+-- The absolute expiry (ms, PEXPIRETIME) of a state key that exists (``present``), else -2 (none).
+-- Scripts return it before and after they write: the caller keeps the per-tenant count of traces
+-- in state from these (TraceStateStore.note_expiry; the count's key is in another slot).
+local function expiry_of(key, present)
+  if not present then return -2 end
+  return redis.call('PEXPIRETIME', key)
+end
 local function dump_state(st)
   local out = {}
   for k, v in pairs(st) do

@@ -74,3 +74,36 @@ def test_kafka_span_exporter_refuses_a_tenant_the_service_would_dead_letter() ->
     with pytest.raises(ValueError, match=r"tenant 'acme corp' is not"):
         KafkaSpanExporter(bootstrap_servers="127.0.0.1:1", tenant="acme corp")
     KafkaSpanExporter(bootstrap_servers="127.0.0.1:1", tenant="acme-corp").shutdown()
+
+
+async def test_traces_in_state_is_set_per_tenant_and_a_tenant_no_longer_counted_loses_its_series() -> None:
+    from collector.config import ServiceConfig
+    from collector.pipeline.service import ToolwitnessService
+
+    service = ToolwitnessService(ServiceConfig())
+    service.traces_gauge_every_s = 0
+    counts = [{"unit-a": 3, "unit-b": 1}, {"unit-a": 2}]
+    flushed = []
+
+    async def count_traces() -> dict[str, int]:
+        return counts.pop(0)
+
+    async def flush_counts() -> None:
+        flushed.append(1)
+
+    service.store.count_traces = count_traces  # type: ignore[method-assign]
+    service.store.flush_counts = flush_counts  # type: ignore[method-assign]
+
+    def sample(tenant: str) -> float | None:
+        return REGISTRY.get_sample_value("toolwitness_traces_in_state",
+                                         {"component": "processor/trace_state", "tenant": tenant})
+
+    await service.refresh_traces_gauge()
+    assert (sample("unit-a"), sample("unit-b")) == (3, 1)
+    await service.refresh_traces_gauge()
+    assert (sample("unit-a"), sample("unit-b")) == (2, None)  # no stale series for a tenant gone
+    # between refreshes a sweep only sends the moves the batches noted
+    service.traces_gauge_every_s = 3600
+    await service.refresh_traces_gauge()
+    assert flushed == [1] and sample("unit-a") == 2
+    await service.redis.aclose()
