@@ -53,7 +53,8 @@ def store_config(redis_url: str, prefix: str, **redis: Any) -> ServiceConfig:
 
 
 @pytest.fixture
-def prefix(redis_cleanup: set[str]) -> str:
+def prefix(redis_client: Redis, redis_cleanup: set[str]) -> str:
+    """A key prefix of this test's own; ``redis_client``'s teardown deletes its keys."""
     p = f"tis{uuid.uuid4().hex[:10]}"
     redis_cleanup.add(f"{p}:*")
     return p
@@ -188,17 +189,18 @@ async def _count_is(store: TraceStateStore, tenant: str, n: int) -> bool:
 
 
 async def test_the_gauge_on_metrics_rises_with_traces_and_falls_on_reclaim_and_expiry(
-    kafka_bootstrap: str, redis_url: str
+    kafka_bootstrap: str, redis_url: str, redis_client: Redis, redis_cleanup: set[str]
 ) -> None:
     """End to end: spans through Kafka, the sweeper refreshing the gauge, read from /metrics."""
     cfg = make_config(kafka_bootstrap, redis_url, redis={"state_ttl_seconds": 15, "completed_ttl_seconds": 1})
+    redis_cleanup.add(f"{cfg.redis.key_prefix}:*")
     tenant = f"tis-{uuid.uuid4().hex[:8]}"  # its own series: other tests' services share the registry
     labels = {"component": "processor/trace_state", "tenant": tenant}
     t0 = int(time.time() * 1000) - 5_000
     decided = [new_trace_id() for _ in range(3)]
     idle = [new_trace_id() for _ in range(2)]
+    r = redis_client
     async with (
-        Redis.from_url(redis_url) as r,
         running_service(cfg) as service,
         control_client(cfg, tenant=tenant) as tw,
         raw_producer(cfg) as producer,
