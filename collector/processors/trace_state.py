@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import orjson
 from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError, ResponseError
 
 from collector.config import ServiceConfig
 from collector.processors.resp import Arg, Commands, Pending, RedisClient, execute, raise_first, send
@@ -275,6 +276,10 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+class RedisVersionError(RedisError):
+    """The Redis server is older than the version the state scripts need."""
+
+
 class TraceStateStore:
     """The trace-state processor's Redis side. Scripts are registered once at start-up."""
 
@@ -305,6 +310,7 @@ class TraceStateStore:
         self._listed: dict[str, int] = {}
 
     async def start(self) -> None:
+        await self._require_redis_7()
         # The state scripts share state.lua (Redis scripts cannot import): prepended here, once.
         prelude = _lua("state.lua")
         self._apply = self.redis.register_script(prelude + _lua("apply_spans.lua"))
@@ -322,6 +328,18 @@ class TraceStateStore:
             self._count_move, self._count_read,
         ):
             script.sha = await self.redis.script_load(script.script)
+
+    async def _require_redis_7(self) -> None:
+        """Refuse a Redis older than 7.0 at start, saying so: the state scripts use PEXPIRETIME
+        and ``PEXPIRE … GT``, which an older server would refuse in the first batch instead."""
+        try:
+            await self.redis.execute_command("PEXPIRETIME", self.k.live_tenants)
+        except ResponseError as exc:
+            if "unknown command" in str(exc).lower():
+                raise RedisVersionError(
+                    f"toolwitness needs Redis 7.0 or later (PEXPIRETIME, PEXPIRE with GT); the server said: {exc}"
+                ) from None
+            raise
 
     async def shutdown(self) -> None:
         return None
