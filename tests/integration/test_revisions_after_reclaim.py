@@ -125,18 +125,26 @@ async def test_a_retried_export_does_not_complete_a_reclaimed_trace(
     kafka_bootstrap: str, redis_url: str, mode: str
 ) -> None:
     cfg = make_config(kafka_bootstrap, redis_url, redis={"completed_ttl_seconds": 1}, completion={"mode": mode})
-    t0 = int(time.time() * 1000) - 5_000
     trace, root = new_trace_id(), new_span_id()
-    root_span = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
-    chat = otlp_span(
-        trace, parent=root, name="chat", start_ms=t0 + 3, end_ms=t0 + 4, attrs={"gen_ai.operation.name": "chat"}
-    )
     async with (
         Redis.from_url(redis_url) as r,
         running_service(cfg) as service,
         control_client(cfg) as tw,
         raw_producer(cfg) as producer,
     ):
+        # The trace is exported to a quiet pipeline the service has seen caught up (its watermark
+        # follows the clock: one second behind), and its spans ended just before the export. Spans
+        # timed before the stack started were older than allowed_lateness + max_out_of_orderness
+        # when exported: whenever the service had seen its empty partitions caught up first (often
+        # under load), the root's inferred completion had passed already, the "search" record
+        # read in the next batch was late, and the trace could never be FALSE (UNDETERMINED at
+        # the deadline, as designed).
+        await until(lambda: r.hget(service.watermarks.key, "global"))
+        t0 = int(time.time() * 1000) - 100
+        root_span = otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
+        chat = otlp_span(
+            trace, parent=root, name="chat", start_ms=t0 + 3, end_ms=t0 + 4, attrs={"gen_ai.operation.name": "chat"}
+        )
         await send_spans(producer, cfg, trace, root_span, chat)
         await send_spans(
             producer, cfg, trace, otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2)
