@@ -70,7 +70,6 @@ async def test_an_expectation_registered_as_its_traces_wait_is_consumed_is_still
     kafka_bootstrap: str, redis_url: str, mode: str
 ) -> None:
     cfg = make_config(kafka_bootstrap, redis_url, completion={"mode": "inferred" if mode == "inferred" else "marker"})
-    t0 = int(time.time() * 1000)
     trace, root, session = new_trace_id(), new_span_id(), f"s-{new_span_id()}"
     # what waits for the watermark: the trace, or (a session marker) the session's trace set
     waiting = member("default", SESSION_WAIT + session if mode == "session" else trace)
@@ -89,6 +88,9 @@ async def test_an_expectation_registered_as_its_traces_wait_is_consumed_is_still
         service.store.register = register  # type: ignore[method-assign]
 
     async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        # the spans' times: fresh when sent (the stack can take seconds to start, and spans
+        # older than the allowed lateness would be late to a watermark that follows the clock)
+        t0 = int(time.time() * 1000)
         r, tw, producer = service.redis, stack.tw, stack.producer
         await send_spans(
             producer,
@@ -117,7 +119,6 @@ async def test_a_count_marker_completing_the_last_trace_as_another_wait_is_consu
     kafka_bootstrap: str, redis_url: str, shape: str
 ) -> None:
     cfg = make_config(kafka_bootstrap, redis_url)
-    t0 = int(time.time() * 1000)
     t1, t2, session = new_trace_id(), new_trace_id(), f"s-{new_span_id()}"
     # t1 (a count-less marker) or the session (its marker) waits for the watermark; t2 gets a count
     waiting = member("default", SESSION_WAIT + session if shape == "session" else t1)
@@ -136,6 +137,9 @@ async def test_a_count_marker_completing_the_last_trace_as_another_wait_is_consu
 
     attrs = {"session.id": session} if shape == "session" else {}
     async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        # the spans' times: fresh when sent (the stack can take seconds to start, and spans
+        # older than the allowed lateness would be late to a watermark that follows the clock)
+        t0 = int(time.time() * 1000)
         r, tw, producer = service.redis, stack.tw, stack.producer
         for trace in (t1, t2):
             root = new_span_id()
@@ -167,7 +171,6 @@ async def test_an_orphans_parent_recorded_as_the_traces_wait_is_consumed_is_judg
     kafka_bootstrap: str, redis_url: str
 ) -> None:
     cfg = make_config(kafka_bootstrap, redis_url, completion={"mode": "inferred"})
-    t0 = int(time.time() * 1000)
     trace, root, parent = new_trace_id(), new_span_id(), new_span_id()
     waiting = member("default", trace)
     seen: dict[str, Any] = {}
@@ -184,6 +187,9 @@ async def test_an_orphans_parent_recorded_as_the_traces_wait_is_consumed_is_judg
         service.store.apply = apply  # type: ignore[method-assign]
 
     async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        # the spans' times: fresh when sent (the stack can take seconds to start, and spans
+        # older than the allowed lateness would be late to a watermark that follows the clock)
+        t0 = int(time.time() * 1000)
         r, tw, producer = service.redis, stack.tw, stack.producer
         await send_spans(
             producer,
@@ -208,7 +214,6 @@ async def test_evidence_applied_on_an_older_watermark_breaks_a_completion_the_sw
     kafka_bootstrap: str, redis_url: str, what: str
 ) -> None:
     cfg = make_config(kafka_bootstrap, redis_url, completion={"mode": "inferred"})
-    t0 = int(time.time() * 1000)
     trace, root = new_trace_id(), new_span_id()
     seen: dict[str, Any] = {}
 
@@ -242,6 +247,9 @@ async def test_evidence_applied_on_an_older_watermark_breaks_a_completion_the_sw
         service.store.apply = apply  # type: ignore[method-assign]
 
     async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        # the spans' times: fresh when sent (the stack can take seconds to start, and spans
+        # older than the allowed lateness would be late to a watermark that follows the clock)
+        t0 = int(time.time() * 1000)
         r, tw, producer = service.redis, stack.tw, stack.producer
         await send_spans(
             producer,
@@ -273,7 +281,6 @@ async def test_a_presence_judged_by_a_batch_contradicting_a_published_false_revi
     an older watermark: not late) applied meanwhile; the batch judges TRUE and loses the
     compare-and-set after the FALSE was published: it is re-judged and revised to TRUE."""
     cfg = make_config(kafka_bootstrap, redis_url, completion={"mode": "inferred"})
-    t0 = int(time.time() * 1000)
     trace, root = new_trace_id(), new_span_id()
     seen: dict[str, Any] = {}
 
@@ -309,6 +316,9 @@ async def test_a_presence_judged_by_a_batch_contradicting_a_published_false_revi
         service.store.decide_many = decide_many  # type: ignore[method-assign]
 
     async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
+        # the spans' times: fresh when sent (the stack can take seconds to start, and spans
+        # older than the allowed lateness would be late to a watermark that follows the clock)
+        t0 = int(time.time() * 1000)
         r, tw, producer = service.redis, stack.tw, stack.producer
         await send_spans(
             producer, cfg, trace, otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50)
