@@ -27,6 +27,8 @@ Logs carry the component name ``poisoning``.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import re
@@ -45,6 +47,7 @@ from collector.poisoning.campaigns import (
     TOOL_NOT_TARGETED,
     CampaignRegistry,
     Delivery,
+    Disposition,
 )
 
 __all__ = [
@@ -148,18 +151,32 @@ class PoisoningServer(GrpcServer[PoisoningConfig]):
             return self._passthrough(request, TOOL_NOT_TARGETED)
         if self._too_late(context):
             return self._passthrough(request, CALLER_DEADLINE)
+        # Parsing, splicing and serializing a result is CPU work that grows with it (a 2 MB result
+        # takes ~0.9 s): done in a worker thread, so the event loop keeps answering other calls.
         try:
-            result: JsonValue = json.loads(request.result_json)
+            result: JsonValue = await asyncio.to_thread(json.loads, request.result_json)
         except ValueError as exc:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"result_json: {_abort_message(exc)}")
-        disposition = self.registry.decide(
-            tool_name=request.tool_name,
-            result=result,
-            session_id=request.session_id,
-            call_id=request.call_id,
-            trace_id=request.trace_id if _HEX32.match(request.trace_id) else "",
-            span_id=request.span_id if _HEX16.match(request.span_id) else "",
+        deciding = asyncio.ensure_future(
+            asyncio.to_thread(
+                functools.partial(
+                    self.registry.decide,
+                    tool_name=request.tool_name,
+                    result=result,
+                    session_id=request.session_id,
+                    call_id=request.call_id,
+                    trace_id=request.trace_id if _HEX32.match(request.trace_id) else "",
+                    span_id=request.span_id if _HEX16.match(request.span_id) else "",
+                )
+            )
         )
+        try:
+            disposition = await asyncio.shield(deciding)
+        except asyncio.CancelledError:
+            # The call ended (the caller gave up) while its result was spliced: the thread goes on,
+            # and a delivery it logs never reaches the caller, so it is taken back when it is done.
+            deciding.add_done_callback(self._retract_undelivered)
+            raise
         if not disposition.poisoned or disposition.delivery is None:
             log.debug(
                 "%s: %s result for session %s not poisoned (%s)", COMPONENT, request.tool_name,
@@ -168,8 +185,9 @@ class PoisoningServer(GrpcServer[PoisoningConfig]):
             return self._passthrough(request, disposition.reason)
         delivery = disposition.delivery
         try:
+            result_json = await asyncio.to_thread(functools.partial(json.dumps, disposition.value, ensure_ascii=False))
             response = InterceptToolResponse(
-                result_json=json.dumps(disposition.value, ensure_ascii=False),
+                result_json=result_json,
                 poisoned=True,
                 canary=delivery.canary,
                 campaign_id=delivery.campaign_id,
@@ -202,6 +220,13 @@ class PoisoningServer(GrpcServer[PoisoningConfig]):
             extra=_EXTRA,
         )
         return response
+
+    def _retract_undelivered(self, done: asyncio.Future[Disposition]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        delivery = done.result().delivery
+        if delivery is not None:
+            self.registry.retract(delivery)
 
     def _too_late(self, context: Any) -> bool:
         """Whether less than ``DEADLINE_MARGIN_S`` of the caller's gRPC deadline is left."""

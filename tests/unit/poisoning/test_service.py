@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -199,3 +200,85 @@ async def test_a_payload_ready_after_the_callers_deadline_is_not_delivered(
         on_time = await stub.InterceptTool(req("enrolled", '"page text"'), timeout=5)
     assert on_time.poisoned and on_time.canary == campaign.canaries("enrolled")[0], "the cap was not used up"
     assert [d.canary for d in reg.deliveries()] == [on_time.canary] and server.poisoned == 1
+
+
+@pytest.fixture
+def gated_splice(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Splicing the result "slow page" waits until released (a large result being spliced);
+    returns (entered, release)."""
+    from collector.poisoning import campaigns
+
+    entered, release = threading.Event(), threading.Event()
+    real = campaigns.splice
+
+    def splice(result: Any, payload: str) -> Any:
+        if result == "slow page":
+            entered.set()
+            release.wait(10)
+        return real(result, payload)
+
+    monkeypatch.setattr(campaigns, "splice", splice)
+    return entered, release
+
+
+async def test_one_sessions_slow_splice_does_not_hold_another_sessions_call(
+    gated_splice: tuple[threading.Event, threading.Event],
+) -> None:
+    """Splicing runs off the server's loop and outside the registry's lock: while one session's
+    large result is spliced, another session's call is answered (it used to wait for it, and a
+    caller with the default 0.5 s timeout got its real result, silently unpoisoned)."""
+    entered, release = gated_splice
+    campaign = Campaign(campaign_id="c1", payload_template=TEMPLATE, sessions=frozenset({"a", "b"}),
+                        target_tools=frozenset({"fetch_page"}), max_deliveries_per_session=1)
+    reg = CampaignRegistry([campaign])
+    async with PoisoningServer(reg, PoisoningConfig(listen="127.0.0.1:0")) as server, \
+            grpc.aio.insecure_channel(server.endpoint) as channel:
+        stub = boundary_grpc.ToolBoundaryStub(channel)
+        slow = asyncio.ensure_future(stub.InterceptTool(req("a", '"slow page"'), timeout=20))
+        try:
+            assert await asyncio.to_thread(entered.wait, 10), "session a's splice never started"
+            other = await stub.InterceptTool(req("b", '"page text"'), timeout=5)
+            assert other.poisoned and other.canary == campaign.canaries("b")[0]
+            assert not slow.done(), "session a is still being spliced"
+        finally:
+            release.set()
+        first = await slow
+    assert first.poisoned and first.canary == campaign.canaries("a")[0]
+    assert sorted(d.session_id for d in reg.deliveries()) == ["a", "b"]
+
+
+class _RetractWatch(CampaignRegistry):
+    """Says when a delivery was retracted."""
+
+    def __init__(self, campaigns: list[Campaign]) -> None:
+        super().__init__(campaigns)
+        self.retracted = threading.Event()
+
+    def retract(self, delivery: Any) -> bool:
+        taken = super().retract(delivery)
+        self.retracted.set()
+        return taken
+
+
+async def test_a_delivery_spliced_for_a_caller_that_gave_up_is_taken_back(
+    gated_splice: tuple[threading.Event, threading.Event],
+) -> None:
+    """The call ends (deadline) while its result is spliced in a worker thread: what that thread
+    then logs never reached the caller, so it is retracted and the session's cap is not used up."""
+    entered, release = gated_splice
+    campaign = Campaign(campaign_id="c1", payload_template=TEMPLATE, sessions=frozenset({"a"}),
+                        target_tools=frozenset({"fetch_page"}), max_deliveries_per_session=1)
+    reg = _RetractWatch([campaign])
+    async with PoisoningServer(reg, PoisoningConfig(listen="127.0.0.1:0")) as server, \
+            grpc.aio.insecure_channel(server.endpoint) as channel:
+        stub = boundary_grpc.ToolBoundaryStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as gave_up:
+            await stub.InterceptTool(req("a", '"slow page"'), timeout=0.5)
+        assert gave_up.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert entered.is_set()
+        release.set()
+        # the worker thread finishes the splice and logs the delivery; then it is taken back
+        assert await asyncio.to_thread(reg.retracted.wait, 10), "the delivery was never retracted"
+        assert reg.deliveries() == []
+        again = await stub.InterceptTool(req("a", '"page text"'), timeout=5)
+    assert again.poisoned and again.canary == campaign.canaries("a")[0], "the cap was not used up"
