@@ -377,20 +377,22 @@ def _not_read(key: str, raw: str) -> str | None:
     spelt with single underscores (``TOOLWITNESS_KAFKA_GROUP_ID``, ``TOOLWITNESS_LOGLEVEL``). Other
     TOOLWITNESS_* variables (the secrets the config names, TOOLWITNESS_TOOL_INTERCEPT, ...) are not
     config and stay untouched."""
-    rest = key[len(ENV_PREFIX) :] if key.startswith(ENV_PREFIX) else None
+    if not key.startswith(ENV_PREFIX):
+        return None
+    rest = key[len(ENV_PREFIX) :]
     sections = _sections()
     if rest in sections:
         return (
             f"{key} is not read: the {rest.lower()} section is set one key at a time, "
             f"e.g. {ENV_PREFIX}{sections[rest]} (two underscores between levels)"
         )
-    if rest is not None and rest.startswith("SCORERS_"):
+    if rest.startswith("SCORERS_"):
         return (
             f"{key} is not read: a scorer tree's keys are set as {ENV_PREFIX}SCORERS__<NAME>__<KEY> "
             "(two underscores between levels)"
         )
     near = {"_".join(p).upper(): "__".join(p).upper() for p in _config_paths() if len(p) > 1}
-    if rest is not None and rest in near:
+    if rest in near:
         if _SERVICE_LINK.match(raw):
             log.warning(
                 "config: %s is not read (its value looks like a Kubernetes service link; "
