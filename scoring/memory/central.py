@@ -23,13 +23,25 @@ class MemoryInterface:
 
     # messages
     def add_message_to_memory(self, *, request: Message) -> None:
+        """Store each piece of ``request``. A piece whose id is stored already replaces the stored
+        one in place: it keeps its position in its conversation (adding a message twice does not
+        make the conversation show it twice)."""
         with self._lock:
+            for piece in request.message_pieces:  # all checked before any is stored
+                known = self._pieces.get(piece.id)
+                if known is not None and known.conversation_id != piece.conversation_id:
+                    raise ValueError(
+                        f"message piece {piece.id} is stored in conversation {known.conversation_id}; "
+                        f"it cannot be added to conversation {piece.conversation_id}"
+                    )
             for piece in request.message_pieces:
                 ids = self._conversations.setdefault(piece.conversation_id, [])
+                known = self._pieces.get(piece.id)
                 if piece.sequence < 0:
-                    piece.sequence = len(ids)
+                    piece.sequence = known.sequence if known is not None else len(ids)
                 self._pieces[piece.id] = piece
-                ids.append(piece.id)
+                if known is None:
+                    ids.append(piece.id)
 
     def get_message_pieces(self, *, conversation_id: str) -> list[MessagePiece]:
         with self._lock:
