@@ -17,7 +17,10 @@ OBSERVATION = b"\x0a\x40" + b"o" * 2000
 
 
 @pytest.fixture
-async def store(kafka_bootstrap: str, redis_url: str, redis_cleanup: set[str]) -> AsyncIterator[TraceStateStore]:
+async def store(
+    kafka_bootstrap: str, redis_url: str, redis_cleanup: set[str], redis_client: Redis
+) -> AsyncIterator[TraceStateStore]:
+    """``redis_client`` is requested for its teardown: it deletes the keys listed here."""
     cfg = make_config(kafka_bootstrap, redis_url)
     redis = Redis.from_url(redis_url)
     s = TraceStateStore(redis, cfg)

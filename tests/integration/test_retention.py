@@ -30,7 +30,8 @@ def cfg(kafka_bootstrap: str, redis_url: str, redis_cleanup: set[str]) -> Servic
 
 
 @pytest.fixture
-async def store(cfg: ServiceConfig, redis_url: str) -> AsyncIterator[TraceStateStore]:
+async def store(cfg: ServiceConfig, redis_url: str, redis_client: Redis) -> AsyncIterator[TraceStateStore]:
+    """``redis_client`` is requested for its teardown: it deletes the keys ``cfg`` listed."""
     redis = Redis.from_url(redis_url)
     s = TraceStateStore(redis, cfg)
     await s.start()
