@@ -160,7 +160,7 @@ class MetricsRegistry:
         try:
             metrics = metrics_from_dict(cls, dict(entry.get("metrics") or {}))
             identity = SimpleScorerIdentifier.from_dict(entry.get("scorer") or {})
-        except (TypeError, ValueError) as exc:
+        except (AttributeError, TypeError, ValueError) as exc:  # a hand-edited entry of the wrong shape
             logger.warning("%s: unreadable entry for eval_hash %s: %s", self.path, entry.get("eval_hash"), exc)
             return None
         return ScorerMetricsWithIdentity(

@@ -179,6 +179,20 @@ def test_keys_unparseable_lines_and_listing(tmp_path: Path) -> None:
     assert registry.find("missing", MetricsType.OBJECTIVE) is None
 
 
+def test_an_entry_of_the_wrong_shape_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """A hand-edited line that is JSON but not an entry (``scorer`` a string) must not hide the others."""
+    path = tmp_path / "r.jsonl"
+    registry = MetricsRegistry(path)
+    registry.replace(SimpleScorerIdentifier(class_name="Good"), "good", objective())
+    bad = {"eval_hash": "bad", "metrics_type": "objective", "scorer": "oops", "metrics": objective().to_dict()}
+    with path.open("a") as fh:
+        fh.write(json.dumps(bad) + "\n")
+    assert [e.eval_hash for e in get_all_objective_metrics(path)] == ["good"]
+    assert registry.find("bad", MetricsType.OBJECTIVE) is None
+    registry.replace(SimpleScorerIdentifier(class_name="Later"), "later", objective())
+    assert json.loads(path.read_text().splitlines()[1])["scorer"] == "oops"  # kept on rewrite
+
+
 def test_missing_registry_reads_empty(tmp_path: Path) -> None:
     assert get_all_objective_metrics(tmp_path / "absent.jsonl") == []
 
