@@ -180,6 +180,10 @@ def load_csv(path: Path | str, metrics_type: MetricsType) -> HumanLabeledDataset
     harm_definition = header.get("harm_definition") or None
     harm_definition_version = header.get("harm_definition_version") or None
 
+    # The csv module refuses a field over 128 KiB by default; a long assistant response is good
+    # data (pandas, so PyRIT, has no cap), and no field can be longer than the text it is in.
+    if csv.field_size_limit() < len(body):
+        csv.field_size_limit(len(body))
     # strict: a quote left open is an error, not the rest of the file read into one cell
     reader = csv.reader(io.StringIO(body), strict=True)
     line_offset = 1  # the header comment line

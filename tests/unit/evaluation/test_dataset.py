@@ -198,3 +198,14 @@ def test_a_malformed_column_header_row_is_a_dataset_error(tmp_path: Path) -> Non
     path = write(tmp_path, "hdr.csv", '# dataset_version=1\nobjective,assistant_response,"human_score\nobj,resp,1\n')
     with pytest.raises(DatasetError, match=r"hdr.csv:2: malformed CSV column header row"):
         load_csv(path, MetricsType.OBJECTIVE)
+
+
+def test_a_response_longer_than_the_csv_modules_default_field_limit_loads(tmp_path: Path) -> None:
+    long_response = "word " * 40_000  # 200 000 characters; csv's default limit is 131 072
+    path = write(
+        tmp_path,
+        "long.csv",
+        f'# dataset_version=1.0\nobjective,assistant_response,human_score_1\nq,"{long_response}",1\nq,short,0\n',
+    )
+    ds = load_csv(path, MetricsType.OBJECTIVE)
+    assert [len(e.assistant_response) for e in ds.entries] == [len(long_response.strip()), 5]
