@@ -202,7 +202,8 @@ def load_csv(path: Path | str, metrics_type: MetricsType) -> HumanLabeledDataset
                 "evaluated on harm datasets, a true/false scorer on objective ones)"
             )
         raise DatasetError(f"harm dataset header has no harm_definition_version=<v>{hint}", path=path, line=1)
-    duplicates = sorted({c for c in columns if columns.count(c) > 1})
+    # Unnamed (empty) columns, e.g. trailing commas a spreadsheet left, are ignored like other extras.
+    duplicates = sorted({c for c in columns if c and columns.count(c) > 1})
     if duplicates:
         raise DatasetError(f"duplicate column name(s) {duplicates}", path=path, line=header_line)
     key_col = HARM_CATEGORY_COL if metrics_type is MetricsType.HARM else OBJECTIVE_COL

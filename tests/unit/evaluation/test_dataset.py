@@ -209,3 +209,18 @@ def test_a_response_longer_than_the_csv_modules_default_field_limit_loads(tmp_pa
     )
     ds = load_csv(path, MetricsType.OBJECTIVE)
     assert [len(e.assistant_response) for e in ds.entries] == [len(long_response.strip()), 5]
+
+
+def test_unnamed_trailing_columns_from_a_spreadsheet_are_ignored(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "excel.csv",
+        "# dataset_version=1.0,,,\nobjective,assistant_response,human_score_1,,\nq,no,1,,\nq,yes,0,,\n",
+    )
+    ds = load_csv(path, MetricsType.OBJECTIVE)
+    assert [(e.assistant_response, e.human_scores) for e in ds.entries] == [("no", (1.0,)), ("yes", (0.0,))]
+    named_twice = write(
+        tmp_path, "dup.csv", "# dataset_version=1.0\nobjective,assistant_response,human_score,human_score\n"
+    )
+    with pytest.raises(DatasetError, match=r"duplicate column name\(s\) \['human_score'\]"):
+        load_csv(named_twice, MetricsType.OBJECTIVE)
