@@ -163,7 +163,8 @@ def load_labeled_traces(path: Path | str) -> LabeledTraceDataset:
     path = Path(path)
     where = str(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # split("\n"), not splitlines(): JSON strings may hold U+2028, U+0085 … unescaped
+        lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise DatasetError(f"cannot read labeled traces: {exc.strerror or exc}", path=path) from exc
     records: list[tuple[int, dict[str, Any]]] = []

@@ -126,3 +126,15 @@ def test_bad_span_ids_and_times(tmp_path: Path) -> None:
     case["otlp"]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["startTimeUnixNano"] = "soon"
     with pytest.raises(DatasetError, match="not a decimal integer"):
         load_labeled_traces(write_cases(tmp_path, {"dataset_version": "1"}, case))
+
+
+def test_a_case_holding_unicode_line_separators_in_a_string_loads(tmp_path: Path) -> None:
+    # json.dumps(ensure_ascii=False) writes U+2028 / U+0085 raw; they are not JSONL line breaks.
+    header, first, *_ = DATA.read_text(encoding="utf-8").splitlines()
+    record = json.loads(first)
+    record["expectation"]["objective"] = "scraped text\u2028next line\x85end"
+    path = tmp_path / "separators.jsonl"
+    path.write_text(header + "\r\n" + json.dumps(record, ensure_ascii=False) + "\r\n", encoding="utf-8")
+    [case] = load_labeled_traces(path).cases
+    assert case.expectation["objective"] == "scraped text\u2028next line\x85end"
+    assert case.source.endswith("separators.jsonl:2")
