@@ -164,7 +164,7 @@ def load_labeled_traces(path: Path | str) -> LabeledTraceDataset:
     where = str(path)
     try:
         # split("\n"), not splitlines(): JSON strings may hold U+2028, U+0085 … unescaped
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = path.read_text(encoding="utf-8-sig").split("\n")  # a BOM is accepted, as for CSV
     except OSError as exc:
         raise DatasetError(f"cannot read labeled traces: {exc.strerror or exc}", path=path) from exc
     records: list[tuple[int, dict[str, Any]]] = []

@@ -138,3 +138,10 @@ def test_a_case_holding_unicode_line_separators_in_a_string_loads(tmp_path: Path
     [case] = load_labeled_traces(path).cases
     assert case.expectation["objective"] == "scraped text\u2028next line\x85end"
     assert case.source.endswith("separators.jsonl:2")
+
+
+def test_a_file_saved_with_a_utf8_bom_loads(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_text(DATA.read_text(encoding="utf-8"), encoding="utf-8-sig")  # as Windows editors save
+    ds = load_labeled_traces(path)
+    assert ds.version == "1.0" and len(ds.cases) == 4
