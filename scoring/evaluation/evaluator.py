@@ -103,7 +103,16 @@ async def run_trials_async(
     elapsed = 0.0
     for _ in range(num_scorer_trials):
         start = time.perf_counter()
-        trials.append(list(await asyncio.gather(*(one(e) for e in dataset.entries))))
+        tasks = [asyncio.ensure_future(one(e)) for e in dataset.entries]
+        try:
+            trials.append(list(await asyncio.gather(*tasks)))
+        except BaseException:
+            # gather leaves the other calls running: a failed (or cancelled) evaluation would
+            # keep calling the judge in the background. Stop them before re-raising.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         elapsed += time.perf_counter() - start
     scored = num_scorer_trials * len(dataset.entries)
     return trials, (elapsed / scored if scored else 0.0)

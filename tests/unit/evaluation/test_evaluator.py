@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from scoring.evaluation import (
     evaluate_async,
     load_csv,
 )
-from tests.unit.evaluation.fakes import KeywordHarmScorer, SequenceScorer, TableScorer
+from tests.unit.evaluation.fakes import FakeScore, KeywordHarmScorer, SequenceScorer, TableScorer, score_of
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "evaluation"
 NEVER = RegistryUpdateBehavior.NEVER_UPDATE
@@ -123,3 +124,27 @@ async def test_wrong_value_types_are_errors(tmp_path: Path) -> None:
         await evaluate_async(too_big, OBJECTIVE, update_registry_behavior=NEVER, registry_path=tmp_path / "r")
     with pytest.raises(ValueError, match="scorer_type"):
         await evaluate_async(TableScorer({}, "ranking"), OBJECTIVE, registry_path=tmp_path / "r")
+
+
+class FailsOnFirstResponse(TableScorer):
+    """Raises for the first response (a judge answering 400); the others take a while."""
+
+    def __init__(self) -> None:
+        super().__init__({}, "true_false", name="fails")
+        self.first = OBJECTIVE.entries[0].assistant_response
+
+    async def score_text_async(self, text: str, *, objective: str | None = None) -> list[FakeScore]:
+        self.calls += 1
+        await asyncio.sleep(0.005)
+        if text == self.first:
+            raise RuntimeError("judge answered 400")
+        return [score_of(True)]
+
+
+async def test_a_failing_call_stops_the_rest_of_the_evaluation(tmp_path: Path) -> None:
+    scorer = FailsOnFirstResponse()
+    with pytest.raises(RuntimeError, match="judge answered 400"):
+        await evaluate_async(scorer, OBJECTIVE, num_scorer_trials=1, max_concurrency=2, update_registry_behavior=NEVER)
+    calls_at_error = scorer.calls
+    await asyncio.sleep(0.2)  # long enough for every remaining response to be scored if it were still running
+    assert scorer.calls == calls_at_error < len(OBJECTIVE.entries)
