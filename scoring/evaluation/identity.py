@@ -134,6 +134,24 @@ class SimpleScorerIdentifier:
     def get_child(self, name: str) -> object:
         return self.children.get(name)
 
+    def get_child_list(self, name: str) -> list[object]:
+        """The child identities under ``name`` as a list (PyRIT's name); empty when absent."""
+        value = self.children.get(name)
+        if value is None:
+            return []
+        listed = _children_list(value)
+        return list(listed) if listed is not None else [value]
+
+    @property
+    def short_hash(self) -> str:
+        """The first 8 hex digits of ``hash``, for logs and display."""
+        return self.hash[:8]
+
+    @property
+    def unique_name(self) -> str:
+        """``class_name::short_hash``."""
+        return f"{self.class_name}::{self.short_hash}"
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SimpleScorerIdentifier:
         """Rebuild an identity written by :func:`identity_to_dict`."""

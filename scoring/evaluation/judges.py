@@ -243,6 +243,16 @@ class JudgeScore:
     def get_value(self) -> bool | float | None:
         return None if self.status is JudgeScoreStatus.UNDETERMINED else self.value
 
+    @property
+    def score_rationale(self) -> str:
+        """``rationale`` under PyRIT's name."""
+        return self.rationale
+
+    @property
+    def score_metadata(self) -> Mapping[str, str]:
+        """``metadata`` under PyRIT's name."""
+        return self.metadata
+
 
 def parse_judge_json(text: str) -> dict[str, Any] | None:
     """The first JSON object in ``text`` (code fences and surrounding prose tolerated), or None."""

@@ -15,11 +15,13 @@ Conventions (``docs/evaluation.md`` has the full table):
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, TypeVar
+from pathlib import Path
+from typing import Any, Literal, Self, TypeVar
 
 import numpy as np
 from scipy import stats
@@ -77,6 +79,23 @@ class ScorerMetrics:
                 value = None
             result[f.name] = value
         return result
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as a JSON string (PyRIT's name)."""
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_json_file(cls, file_path: str | Path) -> Self:
+        """Read metrics written by :meth:`to_json` from a file (PyRIT's name).
+
+        The file holds one JSON object: the metrics themselves, or an object with them under
+        ``"metrics"``. Unknown keys are ignored, as in :func:`metrics_from_dict`.
+        """
+        data = json.loads(Path(file_path).read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"{file_path}: expected a JSON object, got {type(data).__name__}")
+        inner = data.get("metrics")
+        return metrics_from_dict(cls, inner if isinstance(inner, dict) else data)
 
 
 M = TypeVar("M", bound=ScorerMetrics)

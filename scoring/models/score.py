@@ -6,10 +6,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from scoring.models.conditions import ScoringExpectation
-from scoring.models.scorables import AnyScorable
+from scoring.models.scorables import AnyScorable, MessageScorable
 from scoring.models.status import ScoreStatus, Verdict
 
 ScoreType = Literal["true_false", "float_scale"]
@@ -17,7 +17,13 @@ MetadataValue = str | int | float | bool | None
 
 
 class Score(BaseModel):
-    """One judgment. ``get_value()`` is True/False/float, or None when undetermined."""
+    """One judgment. ``get_value()`` is True/False/float, or None when undetermined.
+
+    PyRIT's spellings work too: ``score_rationale`` and ``score_metadata`` as constructor
+    arguments and as read-only attributes, and ``scored_expectation``, ``message_piece_id`` and
+    ``is_undetermined`` as read-only attributes. Serialized scores keep our field names
+    (``rationale``, ``metadata``): stored and streamed records are read by them.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -26,8 +32,10 @@ class Score(BaseModel):
     status: ScoreStatus
     score_value: str = ""
     score_category: tuple[str, ...] = ()
-    rationale: str = ""
-    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    rationale: str = Field(default="", validation_alias=AliasChoices("rationale", "score_rationale"))
+    metadata: dict[str, MetadataValue] = Field(
+        default_factory=dict, validation_alias=AliasChoices("metadata", "score_metadata")
+    )
     scorable: AnyScorable
     observation_ids: tuple[str, ...] = ()
     scorer_class: str = ""
@@ -69,3 +77,38 @@ class Score(BaseModel):
     @property
     def categories(self) -> tuple[str, ...]:
         return self.score_category
+
+    # --- PyRIT's names for the same things (read-only) --------------------------------------------
+
+    @property
+    def score_rationale(self) -> str:
+        """``rationale`` under PyRIT's name."""
+        return self.rationale
+
+    @property
+    def score_metadata(self) -> dict[str, MetadataValue]:
+        """``metadata`` under PyRIT's name."""
+        return self.metadata
+
+    @property
+    def is_undetermined(self) -> bool:
+        """True when no judgment was reached (``status`` is UNDETERMINED)."""
+        return self.status is ScoreStatus.UNDETERMINED
+
+    @property
+    def scored_expectation(self) -> ScoringExpectation | None:
+        """The expectation judged, objective included (PyRIT's name).
+
+        ``expectation`` is stored only when it had conditions; an objective-only expectation
+        is rebuilt from ``objective`` here, so this is None only when there was neither.
+        """
+        if self.expectation is not None:
+            return self.expectation
+        if self.objective is not None:
+            return ScoringExpectation(objective=self.objective)
+        return None
+
+    @property
+    def message_piece_id(self) -> str | None:
+        """The id of the scored message piece when a message was scored, else None."""
+        return self.scorable.message_id if isinstance(self.scorable, MessageScorable) else None

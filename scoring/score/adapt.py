@@ -92,7 +92,7 @@ class _TextScorerLeaf:
             return []
         out: list[Score] = []
         for s in await self._inner.score_text_async(text, objective=expectation.objective):
-            raw_meta: Mapping[str, Any] = getattr(s, "metadata", None) or {}
+            raw_meta: Mapping[str, Any] = getattr(s, "metadata", None) or getattr(s, "score_metadata", None) or {}
             meta: dict[str, MetadataValue] = {
                 str(k): v if v is None or isinstance(v, str | int | float | bool) else str(v)
                 for k, v in raw_meta.items()

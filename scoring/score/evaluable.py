@@ -67,14 +67,15 @@ class EvaluationMethods:
 
     async def evaluate_async(
         self,
+        file_mapping: ScorerEvalDatasetFiles | None = None,
         *,
         num_scorer_trials: int = 3,
         update_registry_behavior: RegistryUpdateBehavior | None = None,
         add_to_evaluation_results: bool = True,
         max_concurrency: int = 10,
     ) -> ObjectiveScorerMetrics | HarmScorerMetrics:
-        """Evaluate this scorer on ``evaluation_file_mapping``'s datasets (see
-        :func:`scoring.evaluation.evaluate_async`; ``update_registry_behavior`` defaults to
+        """Evaluate this scorer on ``file_mapping``'s datasets, else ``evaluation_file_mapping``'s
+        (see :func:`scoring.evaluation.evaluate_async`; ``update_registry_behavior`` defaults to
         ``SKIP_IF_EXISTS``); ``add_to_evaluation_results=False`` neither reads nor writes the
         registry."""
         from scoring.evaluation.dataset import HumanLabeledDataset, MetricsType, load_human_labeled_dataset
@@ -82,12 +83,12 @@ class EvaluationMethods:
         from scoring.evaluation.protocols import FLOAT_SCALE
         from scoring.evaluation.registry import RegistryUpdateBehavior
 
-        files = self.evaluation_file_mapping
+        files = file_mapping if file_mapping is not None else self.evaluation_file_mapping
         if files is None:
             raise ValueError(
                 f"{type(self).__name__}.evaluation_file_mapping is not set: assign "
-                "ScorerEvalDatasetFiles(human_labeled_datasets_files=[...], result_file=...) first "
-                "(toolwitness ships no built-in datasets)"
+                "ScorerEvalDatasetFiles(human_labeled_datasets_files=[...], result_file=...) first, "
+                "or pass one as file_mapping (toolwitness ships no built-in datasets)"
             )
         behavior = update_registry_behavior or RegistryUpdateBehavior.SKIP_IF_EXISTS
         if not add_to_evaluation_results:

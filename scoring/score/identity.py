@@ -60,5 +60,30 @@ class ScorerIdentifier(BaseModel):
     def get_children(self, name: str) -> tuple[ScorerIdentifier, ...]:
         return self.children.get(name, ())
 
+    def get_child_list(self, name: str) -> list[ScorerIdentifier]:
+        """``get_children`` under PyRIT's name (a list, empty when there is no such child)."""
+        return list(self.get_children(name))
+
+    @property
+    def short_hash(self) -> str:
+        """The first 8 hex digits of ``hash``, for logs and display."""
+        return self.hash[:8]
+
+    @property
+    def unique_name(self) -> str:
+        """``class_name::short_hash``, the display name ``str()`` gives."""
+        return f"{self.class_name}::{self.short_hash}"
+
+    @property
+    def eval_hash(self) -> str:
+        """The evaluation hash that keys this configuration's stored metrics (PyRIT's name).
+
+        Computed by :func:`scoring.evaluation.evaluation_hash`; reading it loads the
+        evaluation package (numpy, scipy), which scoring alone never needs.
+        """
+        from scoring.evaluation.identity import evaluation_hash
+
+        return evaluation_hash(self)
+
     def __str__(self) -> str:
-        return f"{self.class_name}::{self.hash[:8]}"
+        return self.unique_name
