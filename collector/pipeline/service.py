@@ -1,4 +1,5 @@
-"""The service: wires receivers → processors → exporters and runs the poll loop and the sweeper.
+"""The service: wires receivers → processors → exporters and runs the poll loop, the sweeper and
+the Kafka probe.
 
 Graceful stop (SIGTERM): finish the in-flight batch, commit it, leave the group.
 Rebalances wait for the in-flight batch (under a deadline) before partitions go.
@@ -63,13 +64,13 @@ class RetryPolicy:
 NOT_READY_AFTER_S = 10.0
 #: while it fails, one warning per this many seconds (the rest at DEBUG)
 OUTAGE_LOG_EVERY_S = 30.0
-#: how often the poll loop checks that the brokers answer (``KafkaOTLPReceiver.probe``) ...
+#: the Kafka probe's pause between two checks that the brokers answer (``KafkaOTLPReceiver.probe``) ...
 KAFKA_PROBE_EVERY_S = 2.0
 #: ... and how long they get to answer
 KAFKA_PROBE_TIMEOUT_S = 5.0
 #: aiokafka's own log lines: one per message kind per this many seconds (an outage: ~70 a second)
 LIBRARY_LOG_EVERY_S = 10.0
-#: each shutdown step (sweeper, consumer, exporter, admin server, Redis) gets at most this long
+#: each shutdown step (sweeper and probe, consumer, exporter, admin server, Redis) gets at most this long
 #: (5 steps: within the 30 s a Kubernetes pod gets between SIGTERM and SIGKILL by default)
 SHUTDOWN_STEP_S = 5.0
 #: how often the sweeper refreshes ``toolwitness_traces_in_state`` (one script call per tenant,
@@ -155,11 +156,11 @@ class ToolwitnessService:
         self.sweep_retry = RetryPolicy(base_s=cfg.completion.sweep_interval_ms / 1000)
         #: the poll loop's batches, its watermark publishing, the sweeper, the brokers' answers
         self.outages = {name: Outage(name) for name in ("batch", "watermarks", "sweep", "kafka")}
-        self._probed_at = 0.0
         self._stopping = asyncio.Event()
         self._started = False
         self._last_loop = time.monotonic()
         self._sweeper: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
         #: ``refresh_traces_gauge``: how often, when last (monotonic s), and the tenants it set
         self.traces_gauge_every_s = TRACES_GAUGE_EVERY_S
         self._gauged_at: float | None = None
@@ -204,6 +205,7 @@ class ToolwitnessService:
         await self.exporter.start()
         await self.receiver.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="sweeper")
+        self._prober = asyncio.create_task(self._probe_loop(), name="kafka-probe")
         self._last_loop = time.monotonic()
         self._started = True
         # What is alive now (modules, config, scorer trees, clients: >100k objects) lives as
@@ -257,7 +259,6 @@ class ToolwitnessService:
         receiver = self.receiver
         while not self._stopping.is_set():
             self._last_loop = time.monotonic()
-            await self._probe_kafka()
             batch = await receiver.poll()
             if not batch:
                 await self._publish_watermarks()
@@ -282,18 +283,36 @@ class ToolwitnessService:
                 await receiver.commit(result.offsets)
             await self._publish_watermarks()
 
-    async def _probe_kafka(self) -> None:
+    async def _probe_loop(self) -> None:
         """Every ``KAFKA_PROBE_EVERY_S``: do the brokers answer? A Kafka outage is invisible to the
-        rest of the loop (``getmany`` returns empty batches, aiokafka retries and logs on its own),
-        so without this /readyz, the failure counter and the log would not show it. A request of
-        our own, bounded by a timeout, in the loop that consumes: it tests exactly the brokers this
+        poll loop (``getmany`` returns empty batches, aiokafka retries and logs on its own), so
+        without this /readyz, the failure counter and the log would not show it. A request of our
+        own, bounded by a timeout, in a task beside the poll loop: it tests exactly the brokers this
         instance reads from, through the consumer's own connections, and needs no private aiokafka
         state (its connection / coordinator flags are internal and do not say whether fetches work).
-        While Kafka is away, the loop has nothing else to do."""
-        now = time.monotonic()
-        if now - self._probed_at < KAFKA_PROBE_EVERY_S:
-            return
-        self._probed_at = now
+        Beside the loop, not in it: a broker that does not answer the probe while fetches still work
+        would otherwise hold every batch for up to ``KAFKA_PROBE_TIMEOUT_S``, and a healthy probe's
+        round trip would add to the time to verdict of the records waiting for the next poll."""
+        while not self._stopping.is_set():
+            try:
+                await self._probe_kafka()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # shutdown stops the probe
+                # Not sent to this task: an aiokafka future the request awaited was cancelled (as its
+                # own tasks are when its client closes). No reason to stop probing.
+                log.warning("kafka probe: its request was cancelled; probing again in %.0fs", KAFKA_PROBE_EVERY_S)
+            except Exception:
+                # Not a broker failure (those are RETRIABLE and counted): logged, not counted as an
+                # outage the probe cannot vouch for, and the probe goes on (nothing awaits this task,
+                # so an exception ending it would end the outage reporting unseen).
+                log.exception("kafka probe failed; probing again in %.0fs", KAFKA_PROBE_EVERY_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=KAFKA_PROBE_EVERY_S)
+
+    async def _probe_kafka(self) -> None:
+        """One probe, bounded by ``KAFKA_PROBE_TIMEOUT_S``, recorded in ``outages["kafka"]``."""
         outage = self.outages["kafka"]
         try:
             async with asyncio.timeout(KAFKA_PROBE_TIMEOUT_S):
@@ -420,13 +439,13 @@ class ToolwitnessService:
         self._gauged = set(counts)
 
     async def shutdown(self) -> None:
-        """Stop the sweeper, leave the group, send the last count moves, close the exporter, the
-        admin server and Redis, in that order. Each step is bounded (``SHUTDOWN_STEP_S``) and
+        """Stop the sweeper and the Kafka probe, leave the group, send the last count moves, close the
+        exporter, the admin server and Redis, in that order. Each step is bounded (``SHUTDOWN_STEP_S``) and
         guarded: one that fails or hangs (Kafka or Redis unreachable) is logged at WARNING and the
         later ones still run, so a SIGTERM during an outage still ends the process cleanly (exit 0)."""
         self._stopping.set()
         unclean = [what for what, step in (
-            ("the sweeper", self._stop_sweeper),
+            ("the sweeper and the Kafka probe", self._stop_tasks),
             ("the consumer (leaving the group)", self._stop_receiver),
             ("the count of traces in state (its last moves)", self.store.flush_counts),
             ("the exporter (flushing the producer)", self.exporter.shutdown),
@@ -458,11 +477,12 @@ class ToolwitnessService:
             return True
         return False
 
-    async def _stop_sweeper(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+    async def _stop_tasks(self) -> None:
+        for task in (self._prober, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _stop_receiver(self) -> None:
         async with self.batch_lock:

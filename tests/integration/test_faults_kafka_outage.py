@@ -11,6 +11,11 @@ shared one is never touched; the trace state is in the shared Redis under the st
   attempted (what could not be closed cleanly is a warning), "service ... stopped" logged, no
   traceback (aiokafka's consumer.stop() raised a CancelledError out of its fetcher, which ended the
   shutdown before the exporter, the admin server and Redis were closed: exit 1).
+
+- A probe that gets no answer while the fetches still work (a partial outage) holds up no batch:
+  records are scored in a fraction of KAFKA_PROBE_TIMEOUT_S while the outage is reported, and the
+  probe stops at once on shutdown. Before, the probe ran in the poll loop: every record waited for
+  it to time out (~5 s).
 """
 
 from __future__ import annotations
@@ -24,16 +29,24 @@ from pathlib import Path
 import pytest
 
 from collector.pipeline.service import KAFKA_PROBE_TIMEOUT_S, NOT_READY_AFTER_S, OUTAGE_LOG_EVERY_S
+from scoring.models import TraceScorable
 from tests.integration.harness import (
     IsolatedServices,
     ServiceProcess,
+    counter_value,
+    expects,
     fail_on_timeout,
     free_ports,
     isolated,
     make_config,
     metric_value,
+    new_trace_id,
+    open_stack,
+    running_service_prepared,
     scrape_metrics,
     until,
+    verdict,
+    whole_trace,
     write_config,
 )
 
@@ -133,3 +146,56 @@ async def test_kafka_outage_is_reported_and_ridden_out(redis_url: str, tmp_path:
         assert len(theirs) <= 6 * down_s, "\n".join(theirs[-40:])
         print(f"\n[kafka down] not ready after {not_ready_after:.1f}s; {failures:.0f} failures counted; "
               f"{len(ours)} warning(s) of ours and {len(theirs)} aiokafka lines in {down_s:.1f}s")
+
+
+async def test_a_probe_without_answer_holds_up_no_batch(kafka_bootstrap: str, redis_url: str) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    failures = {"component": "service", "loop": "kafka"}
+    counted_before = counter_value("toolwitness_dependency_failures_total", failures)
+    probes = {"asked": 0, "cancelled": 0}
+
+    async def no_answer() -> None:  # the broker the probe asks is gone; the fetches still work
+        probes["asked"] += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            probes["cancelled"] += 1
+            raise
+
+    prompt = KAFKA_PROBE_TIMEOUT_S / 2  # a probe timing out in the poll loop held each batch longer
+    t0 = int(time.time() * 1000) - 30_000
+    async with open_stack(cfg) as s:
+        async with running_service_prepared(cfg, lambda svc: setattr(svc.receiver, "probe", no_answer)) as service:
+
+            async def scored(within: float) -> float:
+                """Seconds from registering an expectation (a control record) and sending its trace
+                (a span record) to the client having its TRUE score."""
+                trace_id = new_trace_id()
+                req, _ = whole_trace(trace_id, t0)
+                sent = time.monotonic()
+                eid = await s.tw.expect(TraceScorable(trace_ids=(trace_id,)), expects("search"))
+                await s.producer.send_and_wait(s.topics.spans, value=req.SerializeToString(), key=trace_id.encode())
+                with fail_on_timeout(lambda: f"not scored within {within:.1f}s (probes asked: {probes})"):
+                    ev = await s.tw.wait_for(eid, timeout=within)
+                assert verdict(ev) == "true", ev
+                return time.monotonic() - sent
+
+            await scored(within=60)  # the first also waits for the group to be joined
+            took = [await scored(within=prompt) for _ in range(3)]
+            with fail_on_timeout(lambda: f"the probe's timeout was never counted (probes: {probes})"):
+                await until(lambda: service.outages["kafka"].failures >= 1, timeout=KAFKA_PROBE_TIMEOUT_S + 5)
+            assert counter_value("toolwitness_dependency_failures_total", failures) > counted_before
+            with fail_on_timeout(lambda: "still ready with the probe failing"):
+                await until(lambda: not service.ready(), timeout=NOT_READY_AFTER_S + 2 * KAFKA_PROBE_TIMEOUT_S + 5)
+            assert service.alive()  # not ready, but the poll loop turns
+            took.append(await scored(within=prompt))  # and still scores
+            leaving = time.monotonic()
+        left_in = time.monotonic() - leaving
+    prober = service._prober
+    assert prober is not None and prober.done() and service.consumer is None
+    # each probe ended by its timeout, the last one by the shutdown (none left hanging)
+    assert probes["cancelled"] == probes["asked"], probes
+    assert left_in < KAFKA_PROBE_TIMEOUT_S, f"the shutdown took {left_in:.1f}s"
+    print(f"\n[probe without answer] scored in {', '.join(f'{t * 1000:.0f}' for t in took)} ms; "
+          f"{probes['asked']} probes, {service.outages['kafka'].failures} failures; "
+          f"stopped in {left_in * 1000:.0f} ms")
