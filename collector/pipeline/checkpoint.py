@@ -39,7 +39,7 @@ from collector.config import ServiceConfig
 from collector.exporters.kafka import DeadLetter, KafkaExporter
 from collector.pipeline.engine import Engine, Published, Work
 from collector.processors.completion import WatermarkTracker
-from collector.processors.decide import Outcome, scope_bytes_bound
+from collector.processors.decide import Outcome, scope_bytes_bound, scope_record_bytes
 from collector.processors.normalize import rejected_fact
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.decode import TENANT_RE, RecordDecodeError, decode_span_facts, record_tenants, record_traces
@@ -301,11 +301,15 @@ class Checkpoint:
                         raise
                     raise ControlDecodeError("invalid_expectation", f"{type(exc).__name__}: {exc}"[:300]) from None
                 exp = self._within_retention(exp)
-                if scope_bytes_bound(exp.scope) > self.cfg.limits.max_observation_bytes // 2:
+                half = self.cfg.limits.max_observation_bytes // 2
+                # Measured only when the bound (every character escaped) does not settle it.
+                if scope_bytes_bound(exp.scope) > half and (
+                    size := scope_record_bytes(exp.scope, self.cfg.kafka.output_format)
+                ) > half:
                     # Its observations could never be published (the scope is part of each).
                     raise ControlDecodeError(
                         "expectation_too_large",
-                        f"the scope's text and trace ids may take {scope_bytes_bound(exp.scope):,} bytes; at most "
+                        f"the scope's text and trace ids take {size:,} bytes of each observation record; at most "
                         f"half of limits.max_observation_bytes ({self.cfg.limits.max_observation_bytes:,}) is allowed",
                     )
                 tree = self.engine.decider.trees.get(exp.scorer)

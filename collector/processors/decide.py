@@ -21,8 +21,10 @@ from collector.processors.normalize import unpack_execution
 from collector.processors.trace_state import TraceState
 from collector.wire.convert import (
     RegisteredExpectation,
+    Scope,
     encode,
     observation_to_proto,
+    scope_to_proto,
     score_id_for,
     set_duration,
     set_timestamp,
@@ -172,6 +174,12 @@ def _scope_chars(scope: object) -> int:
 def scope_bytes_bound(scope: object) -> int:
     """At most this many bytes of an observation record are its scope's."""
     return BYTES_PER_CHAR * _scope_chars(scope)
+
+
+def scope_record_bytes(scope: Scope, fmt: str) -> int:
+    """The bytes an observation record holding only ``scope`` takes in format ``fmt``: what the scope
+    costs each observation of it, measured (the bound above assumes every character escaped)."""
+    return len(encode(score_pb2.Observation(scope=scope_to_proto(scope)), fmt))
 
 
 def executions_of(st: TraceState, trace_id: str) -> list[ToolExecution]:

@@ -196,9 +196,10 @@ def bad_regex_expectation(expectation_id: str, trace_id: str) -> bytes:
     return control_pb2.ControlMessage(expectation=msg).SerializeToString()
 
 
-def huge_scope_expectation(expectation_id: str, trace_id: str) -> bytes:
-    """A message-scoped expectation whose response text alone would not fit an observation record."""
-    scope = MessageScorable(message_id="m-1", trace_ids=(trace_id,), response_text="x" * 200_000)
+def huge_scope_expectation(expectation_id: str, trace_id: str, chars: int = 500_000) -> bytes:
+    """A message-scoped expectation with a long response text: 500,000 characters take more than
+    half of an observation record (900,000 B by default); 200,000 plain ones fit."""
+    scope = MessageScorable(message_id="m-1", trace_ids=(trace_id,), response_text="x" * chars)
     msg = control_pb2.Expectation(expectation_id=expectation_id, tenant="default", scorer="tools",
                                   scope=scope_to_proto(scope), conditions=[control_pb2.Condition(
                                       tools_called=control_pb2.ToolsCalled(
@@ -262,6 +263,13 @@ async def test_bad_span_and_control_records_go_to_the_dlq(kafka_bootstrap: str, 
                                                                  scorer="no_such_tree")))
     plan.control.insert(7, ("bad-regex", bad_regex_expectation("bad-regex", other)))
     plan.control.insert(9, ("huge-scope", huge_scope_expectation("huge-scope", other)))
+    # Long but within the budget: registered and scored (six bytes a character, the worst case,
+    # refused it once).
+    long_trace, long_spans, _ = good_trace(t0 + 1000 * (n + 1))
+    plan.spans[2].append(("long-scope-trace", _proto(otlp_request(long_spans))))
+    plan.good_labels.add("long-scope-trace")
+    plan.control.append(("long-scope", huge_scope_expectation("long-scope", long_trace, chars=200_000)))
+    plan.expected["long-scope"] = "true"
     plan.reasons.update({"control-garbage": "undecodable_control", "unknown-scorer": "unknown_scorer",
                          "bad-regex": "invalid_expectation", "huge-scope": "expectation_too_large"})
     try:

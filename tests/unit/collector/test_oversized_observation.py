@@ -202,3 +202,26 @@ def test_a_canary_no_boundary_writes_is_no_delivery() -> None:
     assert ok.delivered == "tw-canary-0123456789abcdef0123"
     assert span_rules({**tool, "toolwitness.poisoning.canary": "x" * (MAX_CANARY_CHARS + 1)}, **kw).delivered is None
     assert span_rules({**tool, "toolwitness.poisoning.canary": 7}, **kw).delivered is None
+
+
+@pytest.mark.parametrize("fmt", ["protobuf", "json"])
+def test_a_scope_is_measured_as_its_record_takes_it(fmt: str) -> None:
+    """``scope_record_bytes`` is the record's size: the registration check refuses on it, not on
+    the bound that assumes every character escaped (six times a plain ASCII text)."""
+    from collector.processors.decide import scope_bytes_bound, scope_record_bytes
+    from collector.wire.convert import scope_to_proto
+    from collector.wire.gen import score_pb2
+    from scoring.models import MessageScorable
+
+    plain = MessageScorable(message_id="m-1", trace_ids=(TRACE,), response_text="x" * 200_000)
+    escaped = MessageScorable(message_id="m-1", trace_ids=(TRACE,), response_text="\x01" * 200_000)
+
+    for scope in (plain, escaped):
+        record = encode(score_pb2.Observation(scope=scope_to_proto(scope)), fmt)
+        assert scope_record_bytes(scope, fmt) == len(record)
+        assert scope_record_bytes(scope, fmt) <= scope_bytes_bound(scope)
+    half = ServiceConfig().limits.max_observation_bytes // 2
+    assert scope_bytes_bound(plain) > half  # the bound alone refused it
+    assert 200_000 < scope_record_bytes(plain, fmt) < half  # it fits
+    if fmt == "json":  # a control character is written \u0001: this one does not fit
+        assert scope_record_bytes(escaped, fmt) > half
