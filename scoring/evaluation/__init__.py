@@ -3,7 +3,8 @@
 Pure library. Importing this package pulls in neither the network client used by the
 self-ask judges (:mod:`scoring.evaluation.judges`, imported on demand) nor the CLI
 command (:mod:`scoring.evaluation.command`), and never imports ``scoring.score``: scorers
-are used through the :class:`EvaluableScorer` Protocol.
+are used through the :class:`EvaluableScorer` Protocol. (The judges and the Likert scales,
+imported on demand, use ``scoring.score.evaluable`` for seed 004's methods on a scorer.)
 """
 
 from scoring.evaluation.dataset import (

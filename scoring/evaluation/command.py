@@ -230,7 +230,7 @@ class ScorerFactory:
         timeout = float(target_cfg.pop("timeout_seconds", 30.0))
         try:
             target = judges.OpenAIChatTarget(api_key=api_key, retry=retry, timeout=timeout, **target_cfg)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:  # ValueError: no endpoint/model, here or in the environment
             raise ScorerConfigError(f"scorer {definition.name!r}: target: {exc}") from exc
         self._closers.append(target.aclose)
         cls = judges.SelfAskTrueFalseScorer if definition.type == "self_ask_true_false" else judges.SelfAskLikertScorer

@@ -152,6 +152,10 @@ class SimpleScorerIdentifier:
         """``class_name::short_hash``."""
         return f"{self.class_name}::{self.short_hash}"
 
+    def __str__(self) -> str:
+        """``unique_name``: ``ClassName::<first 8 hash digits>``, as ``scoring.score.ScorerIdentifier`` prints."""
+        return self.unique_name
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SimpleScorerIdentifier:
         """Rebuild an identity written by :func:`identity_to_dict`."""

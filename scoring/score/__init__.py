@@ -21,9 +21,15 @@ from scoring.score.wrappers import (
     create_conversation_scorer,
 )
 
-#: The scorer-metrics names PyRIT's ``pyrit.score`` exports (seed 004), loaded on first use: the
-#: evaluation package pulls in numpy and scipy, which scoring alone never needs.
+#: The scorer-metrics names and self-ask judges PyRIT's ``pyrit.score`` exports (seed 004),
+#: loaded on first use: the evaluation package pulls in numpy and scipy, and the judges httpx,
+#: which scoring alone never needs.
 _EVALUATION = {
+    "LikertScale": "scoring.evaluation.likert",
+    "LikertScalePaths": "scoring.evaluation.likert",
+    "SelfAskLikertScorer": "scoring.evaluation.judges",
+    "SelfAskRefusalScorer": "scoring.evaluation.judges",
+    "SelfAskTrueFalseScorer": "scoring.evaluation.judges",
     "HarmScorerMetrics": "scoring.evaluation.metrics",
     "ObjectiveScorerMetrics": "scoring.evaluation.metrics",
     "RegistryUpdateBehavior": "scoring.evaluation.registry",
@@ -47,6 +53,8 @@ __all__ = [
     "FloatScaleScorer",
     "FloatScaleThresholdScorer",
     "HarmScorerMetrics",
+    "LikertScale",
+    "LikertScalePaths",
     "ObjectiveScorerMetrics",
     "OtelToolCallScorer",
     "PlagiarismMetric",
@@ -58,6 +66,9 @@ __all__ = [
     "ScorerIdentifier",
     "ScorerMetricsWithIdentity",
     "ScoringContext",
+    "SelfAskLikertScorer",
+    "SelfAskRefusalScorer",
+    "SelfAskTrueFalseScorer",
     "SubStringScorer",
     "TrueFalseCompositeScorer",
     "TrueFalseFallbackScorer",

@@ -3,12 +3,16 @@
 
 ``ScorerEvalDatasetFiles`` names the human-labeled CSV files (glob patterns) and the JSONL
 registry the results go to. Relative paths are taken from the scorer-evals directory:
-``$TOOLWITNESS_SCORER_EVALS_PATH``, else the working directory (toolwitness ships no
-datasets of its own, so there is no built-in default mapping).
+``$TOOLWITNESS_SCORER_EVALS_PATH``, else the working directory. A relative dataset pattern
+that matches nothing there is looked up in the datasets bundled with the package
+(:data:`BUNDLED_SCORER_EVALS_PATH`: ``sample/mini_refusal.csv``, ``harm/<category>.csv``),
+so seed 004's paths work anywhere, and a file of the same name in the scorer-evals
+directory takes precedence. Results are never written into the package.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +25,9 @@ if TYPE_CHECKING:  # the evaluation package (numpy, scipy) loads only when a sco
     from scoring.evaluation.registry import RegistryUpdateBehavior
 
 SCORER_EVALS_ENV = "TOOLWITNESS_SCORER_EVALS_PATH"
+
+#: The human-labeled datasets shipped as package data (read-only).
+BUNDLED_SCORER_EVALS_PATH = Path(__file__).resolve().parents[1] / "datasets" / "scorer_evals"
 
 
 def scorer_evals_path() -> Path:
@@ -49,11 +56,32 @@ class ScorerEvalDatasetFiles:
     def base(self) -> Path:
         return self.root if self.root is not None else scorer_evals_path()
 
+    def dataset_patterns(self) -> list[str]:
+        """The dataset patterns to load: each relative pattern that matches no file under
+        :meth:`base` but matches bundled ones is pointed at :data:`BUNDLED_SCORER_EVALS_PATH`
+        (only when no explicit ``root`` was given)."""
+        patterns = [str(p) for p in self.human_labeled_datasets_files]
+        if self.root is not None:
+            return patterns
+        base = self.base()
+        resolved: list[str] = []
+        for pattern in patterns:
+            if not Path(pattern).is_absolute() and not _matches(base / pattern):
+                bundled = BUNDLED_SCORER_EVALS_PATH / pattern
+                if _matches(bundled):
+                    pattern = str(bundled)
+            resolved.append(pattern)
+        return resolved
+
     def registry_path(self) -> Path | None:
         if self.result_file is None:
             return None
         p = Path(self.result_file)
         return p if p.is_absolute() else self.base() / p
+
+
+def _matches(pattern: Path) -> bool:
+    return any(Path(p).is_file() for p in glob.iglob(str(pattern), recursive=True))
 
 
 class EvaluationMethods:
@@ -88,12 +116,13 @@ class EvaluationMethods:
             raise ValueError(
                 f"{type(self).__name__}.evaluation_file_mapping is not set: assign "
                 "ScorerEvalDatasetFiles(human_labeled_datasets_files=[...], result_file=...) first, "
-                "or pass one as file_mapping (toolwitness ships no built-in datasets)"
+                "or pass one as file_mapping (judges built with SelfAskLikertScorer.from_likert_scale "
+                "get their scale's datasets)"
             )
         behavior = update_registry_behavior or RegistryUpdateBehavior.SKIP_IF_EXISTS
         if not add_to_evaluation_results:
             behavior = RegistryUpdateBehavior.NEVER_UPDATE
-        patterns = list(files.human_labeled_datasets_files)
+        patterns = files.dataset_patterns()
         dataset: HumanLabeledDataset | list[str] = patterns
         scorer = self._evaluable()
         if files.harm_category is not None and scorer.scorer_type == FLOAT_SCALE:

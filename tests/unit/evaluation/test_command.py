@@ -156,6 +156,19 @@ scorers:
         factory.build("loop_a")
 
 
+def test_a_judge_target_without_endpoint_falls_back_to_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("scorers:\n  likert:\n    type: self_ask_likert\n    target: {model: m}\n")
+    monkeypatch.delenv("OPENAI_CHAT_ENDPOINT", raising=False)
+    factory = ScorerFactory(load_scorer_config(path))
+    with pytest.raises(ScorerConfigError, match=r"scorer 'likert': target: .*no endpoint.*OPENAI_CHAT_ENDPOINT"):
+        factory.build("likert")
+    monkeypatch.setenv("OPENAI_CHAT_ENDPOINT", "http://127.0.0.1:9")
+    assert factory.build("likert").scorer_type == "float_scale"
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "message"),
     [
