@@ -1,5 +1,7 @@
 """Scorers: the trace-backed tool scorer, text leaves, and composable wrappers."""
 
+from typing import TYPE_CHECKING
+
 from scoring.score.base import (
     FloatScaleScorer,
     Scorer,
@@ -37,6 +39,17 @@ _EVALUATION = {
     "get_all_harm_metrics": "scoring.evaluation.registry",
     "get_all_objective_metrics": "scoring.evaluation.registry",
 }
+
+if TYPE_CHECKING:  # the same names, typed for a type checker (at run time: ``__getattr__``)
+    from scoring.evaluation.judges import SelfAskLikertScorer, SelfAskRefusalScorer, SelfAskTrueFalseScorer
+    from scoring.evaluation.likert import LikertScale, LikertScalePaths
+    from scoring.evaluation.metrics import HarmScorerMetrics, ObjectiveScorerMetrics
+    from scoring.evaluation.registry import (
+        RegistryUpdateBehavior,
+        ScorerMetricsWithIdentity,
+        get_all_harm_metrics,
+        get_all_objective_metrics,
+    )
 
 
 def __getattr__(name: str) -> object:
