@@ -12,8 +12,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from scoring.evaluation.dataset import HumanLabeledDataset, LabeledEntry, MetricsType, load_human_labeled_dataset
 from scoring.evaluation.identity import evaluation_hash
@@ -72,6 +73,23 @@ async def score_entry_async(
     return number
 
 
+_T = TypeVar("_T")
+
+
+async def gather_or_cancel(coros: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """``asyncio.gather`` of ``coros`` that, when one raises (or the caller is cancelled), cancels
+    and awaits the others before re-raising the same exception: a failed evaluation must not
+    keep calling the judge in the background (plain gather leaves them running)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def run_trials_async(
     scorer: EvaluableScorer,
     dataset: HumanLabeledDataset,
@@ -103,16 +121,7 @@ async def run_trials_async(
     elapsed = 0.0
     for _ in range(num_scorer_trials):
         start = time.perf_counter()
-        tasks = [asyncio.ensure_future(one(e)) for e in dataset.entries]
-        try:
-            trials.append(list(await asyncio.gather(*tasks)))
-        except BaseException:
-            # gather leaves the other calls running: a failed (or cancelled) evaluation would
-            # keep calling the judge in the background. Stop them before re-raising.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        trials.append(await gather_or_cancel([one(e) for e in dataset.entries]))
         elapsed += time.perf_counter() - start
     scored = num_scorer_trials * len(dataset.entries)
     return trials, (elapsed / scored if scored else 0.0)

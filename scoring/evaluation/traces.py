@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from scoring.evaluation.dataset import DatasetError
+from scoring.evaluation.evaluator import gather_or_cancel
 from scoring.evaluation.metrics import ObjectiveScorerMetrics, compute_objective_metrics
 from scoring.evaluation.protocols import ScorerIdentifierLike
 
@@ -268,7 +269,7 @@ async def evaluate_traces_async(
     elapsed = 0.0
     for _ in range(num_scorer_trials):
         start = time.perf_counter()
-        verdicts.append(list(await asyncio.gather(*(one(c) for c in dataset.cases))))
+        verdicts.append(await gather_or_cancel([one(c) for c in dataset.cases]))
         elapsed += time.perf_counter() - start
 
     base = compute_objective_metrics(

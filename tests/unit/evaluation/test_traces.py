@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,32 @@ def test_a_file_saved_with_a_utf8_bom_loads(tmp_path: Path) -> None:
     path.write_text(DATA.read_text(encoding="utf-8"), encoding="utf-8-sig")  # as Windows editors save
     ds = load_labeled_traces(path)
     assert ds.version == "1.0" and len(ds.cases) == 4
+
+
+class FailsOnFirstCase(PresenceScorer):
+    """Raises for the first case (a pipeline that fails); the others take a while and are counted."""
+
+    def __init__(self, first: str) -> None:
+        self.first = first
+        self.started: list[str] = []
+        self.finished: list[str] = []
+
+    async def score_trace_async(self, case: LabeledTrace) -> TraceVerdict:
+        self.started.append(case.case_id)
+        if case.case_id == self.first:
+            raise RuntimeError("pipeline failed")
+        await asyncio.sleep(0.05)
+        self.finished.append(case.case_id)
+        return await super().score_trace_async(case)
+
+
+async def test_a_failing_case_stops_the_rest_of_the_evaluation() -> None:
+    dataset = load_labeled_traces(DATA)
+    scorer = FailsOnFirstCase(dataset.cases[0].case_id)
+
+    with pytest.raises(RuntimeError, match="pipeline failed"):
+        await evaluate_traces_async(scorer, dataset, max_concurrency=4)
+
+    # nothing left running: the other cases were cancelled before the error came back
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    assert len(scorer.started) > 1 and scorer.finished == []
