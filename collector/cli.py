@@ -22,6 +22,13 @@ bench_app = typer.Typer(help="Benchmarks: each prints one table of figures measu
 app.add_typer(bench_app, name="bench")
 
 
+@bench_app.callback()
+def _bench_setup() -> None:
+    from collector.telemetry.logs import quiet_retried_coordinator_lookups
+
+    quiet_retried_coordinator_lookups()  # each run makes fresh groups, which wait for a coordinator
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 

@@ -24,6 +24,7 @@ from collector.client import ToolwitnessClient
 from collector.config import ScorerTreeConfig, ServiceConfig, TopicsConfig
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor
 from collector.pipeline.service import ToolwitnessService
+from collector.telemetry.logs import quiet_retried_coordinator_lookups
 from collector.wire.gen import score_pb2
 from scoring.models import MessageScorable, ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
 from scoring.score import OtelToolCallScorer
@@ -75,6 +76,7 @@ def demo_config() -> ServiceConfig:
 
 
 async def run_demo() -> int:
+    quiet_retried_coordinator_lookups()  # a broker just started has no group coordinator for a moment
     console = Console(width=max(Console().width, 130))
     cfg = demo_config()
     provider = TracerProvider(sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=SpanLimits.UNSET))

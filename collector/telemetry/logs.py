@@ -42,3 +42,22 @@ def throttle_logs(prefix: str, every_s: float) -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, RepeatThrottle) for f in logger.filters):
             logger.addFilter(throttle)
+
+
+class RetriedCoordinatorLookup(logging.Filter):
+    """Drops aiokafka's "Group Coordinator Request failed" for an error it retries (the broker has
+    no coordinator for the group yet: normal for a minute on a broker just started). For the demo
+    and the benches, whose reader did not ask for the consumer's log; the service keeps it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "Group Coordinator Request failed: %s" or not record.args:
+            return True
+        err = record.args[0] if isinstance(record.args, tuple) else None
+        return not getattr(err, "retriable", False)
+
+
+def quiet_retried_coordinator_lookups() -> None:
+    """Install :class:`RetriedCoordinatorLookup` on aiokafka's group coordinator logger. Idempotent."""
+    logger = logging.getLogger("aiokafka.consumer.group_coordinator")
+    if not any(isinstance(f, RetriedCoordinatorLookup) for f in logger.filters):
+        logger.addFilter(RetriedCoordinatorLookup())

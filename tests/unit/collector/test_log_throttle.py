@@ -37,3 +37,28 @@ def test_installed_once_on_every_logger_of_the_prefix() -> None:
     throttle_logs("tw_test_lib", 10.0)
     for logger in (logging.getLogger("tw_test_lib"), child):
         assert sum(isinstance(f, RepeatThrottle) for f in logger.filters) == 1
+
+
+def test_a_retried_coordinator_lookup_is_not_shown_by_the_demo(caplog: pytest.LogCaptureFixture) -> None:
+    from aiokafka import errors
+
+    from collector.telemetry.logs import quiet_retried_coordinator_lookups
+
+    log = logging.getLogger("aiokafka.consumer.group_coordinator")
+    before = list(log.filters)
+    try:
+        quiet_retried_coordinator_lookups()
+        quiet_retried_coordinator_lookups()  # idempotent: one filter
+        assert sum(isinstance(f, logs.RetriedCoordinatorLookup) for f in log.filters) == 1
+        with caplog.at_level(logging.ERROR, logger="aiokafka"):
+            # what aiokafka logs while a fresh broker has no coordinator yet: retried, not shown
+            log.error("Group Coordinator Request failed: %s", errors.CoordinatorNotAvailableError())
+            # an error it does not retry, and any other message: shown
+            log.error("Group Coordinator Request failed: %s", errors.GroupAuthorizationFailedError("g"))
+            log.error("Heartbeat failed: %s", errors.CoordinatorNotAvailableError())
+    finally:
+        log.filters[:] = before
+    shown = [r.getMessage() for r in caplog.records]
+    assert len(shown) == 2
+    assert shown[0].startswith("Group Coordinator Request failed: [Error 30] GroupAuthorizationFailedError")
+    assert shown[1].startswith("Heartbeat failed")
