@@ -36,7 +36,7 @@ from typing import Any
 from aiokafka import ConsumerRecord, TopicPartition
 
 from collector.config import ServiceConfig
-from collector.exporters.kafka import DeadLetter, KafkaExporter
+from collector.exporters.kafka import TENANT_HEADER, DeadLetter, KafkaExporter
 from collector.pipeline.engine import Engine, Published, Work
 from collector.processors.completion import WatermarkTracker
 from collector.processors.decide import Outcome, scope_bytes_bound, scope_record_bytes
@@ -79,6 +79,14 @@ class BatchResult:
 
 def _headers(rec: ConsumerRecord[bytes, bytes]) -> list[tuple[str, bytes]]:
     return [(k, v) for k, v in (rec.headers or ())]
+
+
+def _control_tenant(msg: Any, default_tenant: str) -> str | None:
+    """The tenant a decoded control message is for (its own, else the default), if it has one."""
+    kind = msg.WhichOneof("message")
+    if kind is None:
+        return None
+    return str(getattr(msg, kind).tenant) or default_tenant
 
 
 class Checkpoint:
@@ -383,7 +391,7 @@ class Checkpoint:
                     self.engine.forget(tenant, c.expectation_id)
                     work.pending.pop((tenant, c.expectation_id), None)
         except ControlDecodeError as exc:
-            dead.append(self._dead(rec, exc.reason, exc.detail))
+            dead.append(self._dead(rec, exc.reason, exc.detail, tenant=_control_tenant(msg, default_tenant)))
 
     def _lost_traces(self, rec: ConsumerRecord[bytes, bytes]) -> list[tuple[str, str]]:
         """(tenant, trace id) of every trace an unreadable record held: the traces its bytes still
@@ -397,10 +405,15 @@ class Checkpoint:
             lost |= {(t, key.decode().lower()) for t in record_tenants(value, headers, self.cfg)}
         return sorted((t, trace) for t, trace in lost if TENANT_RE.fullmatch(t))
 
-    def _dead(self, rec: ConsumerRecord[bytes, bytes], reason: str, detail: str) -> DeadLetter:
+    def _dead(
+        self, rec: ConsumerRecord[bytes, bytes], reason: str, detail: str, *, tenant: str | None = None
+    ) -> DeadLetter:
+        """``tenant``: the tenant a decoded control message names, stamped as the score records'
+        tenant header when the record has none, so a DLQ reader routes it without decoding it."""
         log.warning(
             "%s: record %s/%d/%d to DLQ: %s (%s)", self.name, rec.topic, rec.partition, rec.offset, reason, detail[:200]
         )
-        return DeadLetter(
-            rec.topic, rec.partition, rec.offset, rec.key, rec.value or b"", _headers(rec), reason, detail
-        )
+        headers = _headers(rec)
+        if tenant is not None and TENANT_RE.fullmatch(tenant) and all(k != TENANT_HEADER for k, _ in headers):
+            headers.append((TENANT_HEADER, tenant.encode()))
+        return DeadLetter(rec.topic, rec.partition, rec.offset, rec.key, rec.value or b"", headers, reason, detail)
