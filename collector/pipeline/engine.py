@@ -140,6 +140,7 @@ class Engine:
                 session_complete=session_complete,
                 session_late=session_late,
                 lost=exp.created_ms < self.lost_at_ms,
+                captured_at=now,
             )
             if not self.decider.fits(obs):  # judged on exactly what will be published
                 obs = self.decider.shrink(obs)

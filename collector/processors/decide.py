@@ -233,7 +233,10 @@ class Decider:
         session_complete: bool = False,
         session_late: bool = False,
         lost: bool = False,
+        captured_at: datetime | None = None,
     ) -> Observation:
+        """``captured_at``: the evaluation's time (a score's ``decided_at``), so the evidence a score
+        cites is never stamped later than its decision; now when not given."""
         executions: list[ToolExecution] = []
         reasons: set[str] = set()
         sources: set[CompletionSource] = set()
@@ -278,7 +281,7 @@ class Decider:
             coverage=coverage,
             acquisition=acquisition,
             normalization_version=NORMALIZATION_VERSION,
-            captured_at=datetime.now(UTC),
+            captured_at=captured_at or datetime.now(UTC),
         )
 
     def fits(self, observation: Observation) -> bool:

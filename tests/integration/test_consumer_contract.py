@@ -4,8 +4,11 @@ relate to the evidence it cites. Real service, Kafka and Redis."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from collector.wire.convert import decode_observation, decode_score_event
 from scoring.models import TraceScorable
 from tests.integration.harness import (
     control_client,
@@ -13,12 +16,15 @@ from tests.integration.harness import (
     expectation_bytes,
     expects,
     header,
+    make_agent,
     make_config,
     marker_bytes,
     new_trace_id,
     raw_producer,
+    read_all,
     read_until,
     running_service,
+    verdict,
 )
 
 pytestmark = pytest.mark.integration
@@ -48,5 +54,37 @@ async def test_dead_lettered_control_records_say_their_tenant(kafka_bootstrap: s
             (b"unknown-tree", "unknown_scorer", "acme"),
         ]
         assert all(len([k for k, _ in r.headers if k == "toolwitness-tenant"]) == 1 for r in records)
+    finally:
+        await drop_stack(cfg)
+
+
+@pytest.mark.parametrize("output_format", ["protobuf", "json"])
+async def test_the_evidence_a_score_cites_is_not_captured_after_its_decision(
+    kafka_bootstrap: str, redis_url: str, output_format: str
+) -> None:
+    """An auditor reading a score and the observations it cites expects the evidence snapshot to
+    be taken no later than the verdict on it. The observation's ``captured_at`` was read after
+    the evaluation's ``decided_at`` (by the time it took to build the snapshot), so every score
+    was "decided" before the evidence it was decided on was captured."""
+    cfg = make_config(kafka_bootstrap, redis_url, kafka={"output_format": output_format})
+    try:
+        async with running_service(cfg), control_client(cfg) as tw:
+            agent = make_agent(cfg)
+            try:
+                ran = await asyncio.to_thread(agent.trace, "search")
+                other = await asyncio.to_thread(agent.trace, "fetch")
+            finally:
+                await asyncio.to_thread(agent.close)
+            await tw.mark_complete(other, span_count=agent.counter.count(other))
+            ids = [await tw.expect(TraceScorable(trace_ids=(t,)), expects("search")) for t in (ran, other)]
+            for eid in ids:
+                await tw.wait_for(eid, timeout=30)
+        scores = [decode_score_event(r.value) for r in await read_all(kafka_bootstrap, cfg.kafka.topics.scores)]
+        observations = await read_all(kafka_bootstrap, cfg.kafka.topics.observations)
+        captured = {r.key.decode(): decode_observation(r.value).captured_at.ToDatetime() for r in observations}
+        assert sorted(verdict(e) for e in scores) == ["false", "true"]
+        for ev in scores:
+            (oid,) = ev.observation_ids
+            assert captured[oid] <= ev.decided_at.ToDatetime(), (oid, captured[oid], ev.decided_at.ToDatetime())
     finally:
         await drop_stack(cfg)
