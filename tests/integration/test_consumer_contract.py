@@ -5,6 +5,10 @@ relate to the evidence it cites. Real service, Kafka and Redis."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -19,11 +23,15 @@ from tests.integration.harness import (
     make_agent,
     make_config,
     marker_bytes,
+    new_span_id,
     new_trace_id,
+    otlp_span,
     raw_producer,
     read_all,
     read_until,
     running_service,
+    send_spans,
+    until,
     verdict,
 )
 
@@ -86,5 +94,61 @@ async def test_the_evidence_a_score_cites_is_not_captured_after_its_decision(
         for ev in scores:
             (oid,) = ev.observation_ids
             assert captured[oid] <= ev.decided_at.ToDatetime(), (oid, captured[oid], ev.decided_at.ToDatetime())
+    finally:
+        await drop_stack(cfg)
+
+
+async def test_json_scores_and_observations_read_with_json_alone(kafka_bootstrap: str, redis_url: str) -> None:
+    """What score.proto promises a reader without protobuf, read with ``json`` only: enum names,
+    RFC 3339 timestamps, "<seconds>s" durations, 64-bit integers as strings, defaults left out,
+    and a revision that names the version it replaces under the same key."""
+    cfg = make_config(kafka_bootstrap, redis_url, kafka={"output_format": "json"})
+    t0 = int(time.time() * 1000) - 5_000
+    trace, root = new_trace_id(), new_span_id()
+    try:
+        async with running_service(cfg), control_client(cfg) as tw, raw_producer(cfg) as producer:
+            await send_spans(producer, cfg, trace,
+                             otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
+                             otlp_span(trace, parent=root, tool="fetch", start_ms=t0 + 1, end_ms=t0 + 2))
+            await tw.mark_complete(trace, span_count=2)
+            revised = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("search"))
+            assert verdict(await tw.wait_for(revised, timeout=30)) == "false"
+            # a span beyond the marker's count breaks the completion claim: "search" did run
+            await send_spans(producer, cfg, trace,
+                             otlp_span(trace, parent=root, tool="search", start_ms=t0 + 3, end_ms=t0 + 4))
+            undetermined = await tw.expect(TraceScorable(trace_ids=(new_trace_id(),)), expects("search"),
+                                           deadline=timedelta(seconds=1))
+            await until(lambda: len(tw.events(revised)) == 2 and tw.events(undetermined))
+        records = await read_all(kafka_bootstrap, cfg.kafka.topics.scores)
+        docs = [json.loads(r.value) for r in records]
+        by_version = {(d["expectation_id"], d["version"]): (r, d) for r, d in zip(records, docs, strict=True)}
+        for r, d in zip(records, docs, strict=True):
+            assert header(r, "content-type") == "application/json"
+            assert r.key == f"{d['tenant']}/{d['expectation_id']}".encode()
+            assert re.fullmatch(r"[0-9a-f]{32}", d["score_id"])
+            assert d["status"] in {"SCORE_STATUS_TRUE", "SCORE_STATUS_FALSE", "SCORE_STATUS_UNDETERMINED"}
+            decided = datetime.fromisoformat(d["decided_at"])
+            assert decided.utcoffset() == timedelta(0) and decided <= datetime.now(UTC)
+            # the broker stamped the record after the decision (same machine's clock)
+            assert decided.timestamp() * 1000 <= r.timestamp + 1
+            assert re.fullmatch(r"\d+(\.\d+)?s", d["time_to_verdict"])
+        first, second = by_version[(revised, 1)][1], by_version[(revised, 2)][1]
+        assert (first["status"], second["status"]) == ("SCORE_STATUS_FALSE", "SCORE_STATUS_TRUE")
+        assert second["trigger"] == "revision" and second["metadata"]["revises_version"] == "1"
+        assert "late_span_after_completion" in second["coverage"]["reasons"]
+        assert by_version[(revised, 1)][0].key == by_version[(revised, 2)][0].key
+        assert by_version[(revised, 1)][0].partition == by_version[(revised, 2)][0].partition
+        assert first["coverage"] == {"complete": True, "source": "COMPLETION_SOURCE_MARKER"}
+        (_, lone) = by_version[(undetermined, 1)]
+        assert lone["status"] == "SCORE_STATUS_UNDETERMINED" and "value" not in lone
+        assert "complete" not in lone["coverage"]
+        observations = {r.key.decode(): json.loads(r.value) for r in await read_all(
+            kafka_bootstrap, cfg.kafka.topics.observations)}
+        for d in docs:
+            for oid in d["observation_ids"]:
+                assert observations[oid]["observation_id"] == oid
+        for e in observations[second["observation_ids"][0]]["tool_executions"]:
+            assert isinstance(e["start_time_unix_nano"], str) and int(e["start_time_unix_nano"]) > 0
+            assert e["status"] == "EXECUTION_STATUS_OK" and e["arguments_state"] == "CAPTURE_STATE_ABSENT"
     finally:
         await drop_stack(cfg)

@@ -6,7 +6,15 @@ every version of one expectation is on one partition, in order) and immutable
 evidence snapshots (toolwitness.observations, compacted, keyed by observation_id).
 Both carry the header content-type: application/x-protobuf, or application/json
 (kafka.output_format: protobuf JSON mapping); score records also
-toolwitness-tenant.
+toolwitness-tenant. Observations carry no tenant: two tenants' equal evidence has one
+id (and one key); find an observation's tenant through the scores citing it.
+
+The JSON mapping, for readers without protobuf: field names as written here
+(snake_case); enums by name ("SCORE_STATUS_TRUE"); 64-bit integers
+(start_time_unix_nano, end_time_unix_nano) as decimal strings; Timestamps as RFC 3339
+UTC text ("2026-12-01T02:15:42.195433Z"); Durations as seconds with an "s" suffix
+("0.097433s"); a field at its default value is left out (the value of an UNDETERMINED
+score, complete when false, reasons when empty, a message scope's empty ids).
 """
 
 from collections import abc as _abc
@@ -102,7 +110,9 @@ class ScoreEvent(_message.Message):
     scorer_identity: _builtins.str
     status: _common_pb2.ScoreStatus.ValueType
     value: _builtins.str
-    """"true", "false" or "" when undetermined (true_false scorers); a decimal for float scale."""
+    """"true", "false" or "" when undetermined (a service tree's root is always true/false:
+    a float-scale scorer is used under a threshold).
+    """
     rationale: _builtins.str
     trigger: _builtins.str
     """What made it decidable: "span" (a span arrived), "expectation" (registered
@@ -118,11 +128,27 @@ class ScoreEvent(_message.Message):
     @_builtins.property
     def observation_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
-    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The scorer tree's metadata as text (non-text values as JSON; the tool-call scorer's
+        acquisition, coverage_complete, coverage_reasons among them); label.<key> for each
+        label the expectation was registered with; on a revision, revises_version: the version
+        it replaces (an earlier record with this record's key).
+        """
+
     @_builtins.property
-    def decided_at(self) -> _timestamp_pb2.Timestamp: ...
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When the service judged it (its clock). A re-send after a failure is the stored
+        record, byte for byte: it keeps the first decided_at, so it can be well before the
+        record's Kafka timestamp.
+        """
+
     @_builtins.property
-    def time_to_verdict(self) -> _duration_pb2.Duration: ...
+    def time_to_verdict(self) -> _duration_pb2.Duration:
+        """decided_at minus the expectation's registration time (the Kafka timestamp of the
+        control record that registered it), 0 if that is later. A revision counts from the
+        registration too, not from the version it revises.
+        """
+
     def __init__(
         self,
         *,
@@ -168,7 +194,10 @@ class Observation(_message.Message):
     (scoring.models.Observation: scorable, tool_executions, coverage,
     acquisition, normalization_version), without observation_id and
     captured_at: equal evidence has one id whenever it was captured. Other
-    languages should treat it as an opaque id.
+    languages should treat it as an opaque id. The record is published with each score
+    citing it, so one id can be written again later (another expectation, a later
+    evaluation) with the same evidence and a later captured_at: compare ids, not bytes;
+    after compaction the key holds the latest captured_at.
     """
     acquisition: Global___Acquisition.ValueType
     normalization_version: _builtins.str
@@ -179,7 +208,11 @@ class Observation(_message.Message):
     @_builtins.property
     def coverage(self) -> _common_pb2.Coverage: ...
     @_builtins.property
-    def captured_at(self) -> _timestamp_pb2.Timestamp: ...
+    def captured_at(self) -> _timestamp_pb2.Timestamp:
+        """The time of the evaluation that took the snapshot: never after the decided_at of the
+        score published with it.
+        """
+
     def __init__(
         self,
         *,
