@@ -236,14 +236,18 @@ def _closed_port() -> int:
 
 def test_run_says_in_one_line_which_dependency_it_could_not_reach(tmp_path: Path) -> None:
     """A Redis that is not there printed a 100-270 line traceback; now one line naming the key."""
+    import os
     import subprocess
     import sys
 
     p = tmp_path / "c.yaml"
     p.write_text(f"redis:\n  url: redis://127.0.0.1:{_closed_port()}/0\nadmin:\n  port: {_closed_port()}\n")
+    # The file alone: TOOLWITNESS_REDIS_URL / _KAFKA_BOOTSTRAP (which point the tests at running
+    # servers) are also the service's overrides, and would replace the closed port.
+    env = {k: v for k, v in os.environ.items() if k not in ("TOOLWITNESS_REDIS_URL", "TOOLWITNESS_KAFKA_BOOTSTRAP")}
     done = subprocess.run(
         [sys.executable, "-c", "from collector.cli import app; app()", "run", "--config", str(p)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env=env,
     )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
