@@ -55,7 +55,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from pydantic import JsonValue
 
+from collector.processors.normalize import CUT_MARK, CUT_TOKENS
 from scoring.normalize.spans import span_rules
+from scoring.verdict.conditions import canary_tokens
 
 __all__ = [
     "DEFAULT_REDACT_KEYS",
@@ -129,8 +131,9 @@ class CapturePolicy:
 
     Values of keys named in ``redact_keys`` (compared without case, ``-`` or ``_``) are
     replaced by ``redaction`` at any depth of a JSON object; text longer than the limit is
-    cut. Either makes the captured arguments partial, which the span says with
-    ``toolwitness.tool.call.arguments.truncated=true``.
+    cut (cut arguments are followed by up to 8 hex runs of the part cut off, at most 64
+    characters each, so a poisoning canary there still counts). Either makes the captured
+    arguments partial, which the span says with ``toolwitness.tool.call.arguments.truncated=true``.
     """
 
     max_argument_chars: int = 16_384
@@ -166,6 +169,18 @@ class CapturePolicy:
     def _cut(self, text: str, limit: int) -> tuple[str, bool]:
         return (text, False) if len(text) <= limit else (text[:limit], True)
 
+    def _cut_arguments(self, text: str) -> tuple[str, bool]:
+        """Arguments cut to ``max_argument_chars``, followed by the hex runs of the part cut off
+        (as the service's own cut keeps them): a poisoning canary the agent forwarded at the end
+        of a long argument -- where the payload was appended -- still proves propagation."""
+        head, cut = self._cut(text, self.max_argument_chars)
+        if cut:
+            kept = head.casefold()
+            tokens = [t for t in canary_tokens(text, limit=64) if t not in kept][:CUT_TOKENS]
+            if tokens:
+                head += CUT_MARK + " ".join(tokens) + "]"
+        return head, cut
+
     def arguments(self, raw: str) -> tuple[str | None, bool]:
         """(text to record or None, partial?) for a call's arguments JSON string."""
         if not self.capture_arguments:
@@ -180,7 +195,7 @@ class CapturePolicy:
                 redacted, changed = self._redact(doc)
                 if changed:
                     text, partial = json.dumps(redacted, ensure_ascii=False), True
-        text, cut = self._cut(text, self.max_argument_chars)
+        text, cut = self._cut_arguments(text)
         return text, partial or cut
 
     def result(self, value: JsonValue) -> tuple[str | None, bool]:
