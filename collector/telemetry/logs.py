@@ -50,7 +50,8 @@ class RetriedCoordinatorLookup(logging.Filter):
     and the benches, whose reader did not ask for the consumer's log; the service keeps it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg != "Group Coordinator Request failed: %s" or not record.args:
+        # startswith: a RepeatThrottle before this filter may have appended its count
+        if not str(record.msg).startswith("Group Coordinator Request failed: ") or not record.args:
             return True
         err = record.args[0] if isinstance(record.args, tuple) else None
         return not getattr(err, "retriable", False)
