@@ -55,9 +55,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from pydantic import JsonValue
 
-from collector.processors.normalize import CUT_MARK, CUT_TOKENS
+from collector.processors.normalize import with_cut_tokens
 from scoring.normalize.spans import span_rules
-from scoring.verdict.conditions import canary_tokens
 
 __all__ = [
     "DEFAULT_REDACT_KEYS",
@@ -174,12 +173,7 @@ class CapturePolicy:
         (as the service's own cut keeps them): a poisoning canary the agent forwarded at the end
         of a long argument -- where the payload was appended -- still proves propagation."""
         head, cut = self._cut(text, self.max_argument_chars)
-        if cut:
-            kept = head.casefold()
-            tokens = [t for t in canary_tokens(text, limit=64) if t not in kept][:CUT_TOKENS]
-            if tokens:
-                head += CUT_MARK + " ".join(tokens) + "]"
-        return head, cut
+        return (with_cut_tokens(head, text) if cut else head), cut
 
     def arguments(self, raw: str) -> tuple[str | None, bool]:
         """(text to record or None, partial?) for a call's arguments JSON string."""

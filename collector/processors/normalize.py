@@ -122,12 +122,17 @@ def cap_arguments(args: str | None, state: CaptureState, max_argument_bytes: int
     # A str of n characters is at most 4n UTF-8 bytes: encode only when that could exceed the cap.
     if args is not None and len(args) * 4 > max_argument_bytes and len(args.encode()) > max_argument_bytes:
         head = args.encode()[:max_argument_bytes].decode("utf-8", "ignore")
-        kept = head.casefold()
-        tokens = [t for t in canary_tokens(args, limit=64) if t not in kept][:CUT_TOKENS]
-        if tokens:
-            head += CUT_MARK + " ".join(tokens) + "]"
-        return head, CaptureState.TRUNCATED
+        return with_cut_tokens(head, args), CaptureState.TRUNCATED
     return args, state
+
+
+def with_cut_tokens(head: str, whole: str) -> str:
+    """``head`` (the kept start of ``whole``) followed by the hex runs of the part cut off that
+    ``head`` does not hold (up to ``CUT_TOKENS``, after ``CUT_MARK``): whoever cuts arguments --
+    the service here, the tool boundary's ``CapturePolicy`` -- keeps a poisoning canary past the cut."""
+    kept = head.casefold()
+    tokens = [t for t in canary_tokens(whole, limit=64) if t not in kept][:CUT_TOKENS]
+    return head + CUT_MARK + " ".join(tokens) + "]" if tokens else head
 
 
 #: what follows the cut in cut arguments that had hex runs past it
