@@ -81,6 +81,12 @@ def _headers(rec: ConsumerRecord[bytes, bytes]) -> list[tuple[str, bytes]]:
     return [(k, v) for k, v in (rec.headers or ())]
 
 
+def _only(tenants: set[str]) -> str | None:
+    """The tenant of a dead-lettered span record when it names exactly one ("" = a span whose
+    tenant was invalid: none to name); a record of several tenants gets no stamp."""
+    return next(iter(tenants)) if len(tenants) == 1 else None
+
+
 def _control_tenant(msg: Any, default_tenant: str) -> str | None:
     """The tenant a decoded control message is for (its own, else the default), if it has one."""
     kind = msg.WhichOneof("message")
@@ -140,11 +146,13 @@ class Checkpoint:
                 try:
                     decoded = decode_span_facts(value, _headers(rec), self.cfg, max_arg)
                 except RecordDecodeError as exc:
-                    dead.append(self._dead(rec, exc.reason, exc.detail))
                     # Its spans are unreadable but its trace is known from the key: that trace
                     # (of each tenant the record names) can never be complete now, so its absence
                     # is never FALSE.
-                    for lost in self._lost_traces(rec):
+                    lost_traces = self._lost_traces(rec)
+                    tenant = _only({t for t, _ in lost_traces})
+                    dead.append(self._dead(rec, exc.reason, exc.detail, tenant=tenant))
+                    for lost in lost_traces:
                         placeholder = rejected_fact(f"unreadable-{rec.partition}-{rec.offset}")
                         groups.setdefault(lost, []).append(placeholder)
                     continue
@@ -164,7 +172,8 @@ class Checkpoint:
                         groups.setdefault((tenant, trace), []).append(placeholder)
                 if decoded.rejected:
                     first = decoded.rejected[0]
-                    dead.append(self._dead(rec, first[2], f"{len(decoded.rejected)} span(s) rejected: {first[3]}"))
+                    detail = f"{len(decoded.rejected)} span(s) rejected: {first[3]}"
+                    dead.append(self._dead(rec, first[2], detail, tenant=_only({r[0] for r in decoded.rejected})))
 
         watermark = await self.watermarks.global_watermark()
         work = Work()
@@ -408,8 +417,9 @@ class Checkpoint:
     def _dead(
         self, rec: ConsumerRecord[bytes, bytes], reason: str, detail: str, *, tenant: str | None = None
     ) -> DeadLetter:
-        """``tenant``: the tenant a decoded control message names, stamped as the score records'
-        tenant header when the record has none, so a DLQ reader routes it without decoding it."""
+        """``tenant``: the tenant a decoded control message names, or the one tenant of a span record's
+        spans, stamped as the score records' tenant header when the record has none, so a DLQ reader
+        routes it without decoding it."""
         log.warning(
             "%s: record %s/%d/%d to DLQ: %s (%s)", self.name, rec.topic, rec.partition, rec.offset, reason, detail[:200]
         )

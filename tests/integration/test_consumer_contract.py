@@ -25,6 +25,7 @@ from tests.integration.harness import (
     marker_bytes,
     new_span_id,
     new_trace_id,
+    otlp_request,
     otlp_span,
     raw_producer,
     read_all,
@@ -150,5 +151,48 @@ async def test_json_scores_and_observations_read_with_json_alone(kafka_bootstrap
         for e in observations[second["observation_ids"][0]]["tool_executions"]:
             assert isinstance(e["start_time_unix_nano"], str) and int(e["start_time_unix_nano"]) > 0
             assert e["status"] == "EXECUTION_STATUS_OK" and e["arguments_state"] == "CAPTURE_STATE_ABSENT"
+    finally:
+        await drop_stack(cfg)
+
+
+def _tenant_request(tenants: list[str], trace: str, *, bad_span: bool) -> bytes:
+    """A span record with one resource per tenant (its ``toolwitness.tenant`` attribute, no header),
+    each holding a good span of ``trace`` and, with ``bad_span``, a span whose id is 3 bytes."""
+    req = otlp_request([])
+    del req.resource_spans[:]
+    for t in tenants:
+        rs = req.resource_spans.add()
+        rs.resource.attributes.add(key="toolwitness.tenant").value.string_value = t
+        spans = rs.scope_spans.add().spans
+        spans.append(otlp_span(trace, start_ms=1000, end_ms=1001, tool="search"))
+        if bad_span:
+            spans.append(otlp_span(trace, span_id=b"abc", start_ms=1000, end_ms=1001))
+    return req.SerializeToString()
+
+
+async def test_dead_lettered_span_records_say_their_tenant(kafka_bootstrap: str, redis_url: str) -> None:
+    """A span record names its tenant in a resource attribute when it has no header (an agent's
+    own SDK, the Collector's kafkaexporter): its dead letter carried no tenant header, so a DLQ
+    reader serving several tenants had to decode OTLP to route it. A record whose spans are of
+    one tenant now carries it; one of several tenants carries none."""
+    cfg = make_config(kafka_bootstrap, redis_url)
+    trace = new_trace_id()
+    whole = _tenant_request(["acme"], trace, bad_span=False)
+    try:
+        async with running_service(cfg), raw_producer(cfg) as producer:
+            topic = cfg.kafka.topics.spans
+            # unreadable: cut short (the framing still names its resource's tenant)
+            await producer.send_and_wait(topic, whole[: len(whole) - 3], key=b"cut")
+            # readable, one span rejected (its id is 3 bytes): the good span is kept
+            await producer.send_and_wait(topic, _tenant_request(["globex"], trace, bad_span=True), key=b"bad-id")
+            # two tenants' spans rejected in one record: no one tenant to name
+            await producer.send_and_wait(topic, _tenant_request(["acme", "globex"], trace, bad_span=True), key=b"two")
+            records = await read_until(kafka_bootstrap, cfg.kafka.topics.dlq, lambda rs: len(rs) >= 3)
+        got = sorted((r.key, header(r, "toolwitness-dlq-reason"), header(r, "toolwitness-tenant")) for r in records)
+        assert got == [
+            (b"bad-id", "invalid_span", "globex"),
+            (b"cut", "undecodable_protobuf", "acme"),
+            (b"two", "invalid_span", None),
+        ]
     finally:
         await drop_stack(cfg)
