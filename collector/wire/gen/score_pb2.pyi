@@ -98,8 +98,10 @@ class ScoreEvent(_message.Message):
     TIME_TO_VERDICT_FIELD_NUMBER: _builtins.int
     TRIGGER_FIELD_NUMBER: _builtins.int
     score_id: _builtins.str
-    """Deterministic: derived from expectation_id and version, so a re-send after a
-    crash is byte-identical and consumers deduplicate on it.
+    """Deterministic: derived from tenant, expectation_id and version, so a re-send after a
+    crash is byte-identical and consumers deduplicate on it. It is the first 32 hex digits of
+    SHA-256 over the UTF-8 of tenant, NUL, expectation_id, NUL, version in decimal
+    (collector.wire.convert.score_id_for); a consumer can compute the id it waits for.
     """
     expectation_id: _builtins.str
     version: _builtins.int

@@ -3,6 +3,8 @@ only its own tenant's kept (the records are fed as the scores consumer would han
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from collector.client import ToolwitnessClient
@@ -198,3 +200,10 @@ async def test_an_expectation_with_no_conditions_is_refused_before_sending(monke
     text = MessageScorable(message_id="m-1", trace_ids=("cd" * 16,), response_text="I can't help with that")
     await tw.expect(text, conditions=[], scorer="refusal")
     assert len(sent) == 1
+
+
+def test_the_score_id_is_the_documented_formula() -> None:
+    """score.proto tells consumers how to compute the id they wait for; hold the code to it."""
+    for tenant, expectation_id, version in [("acme", "e1", 1), ("default", "ünïcode-id", 12)]:
+        text = f"{tenant}\0{expectation_id}\0{version}".encode()
+        assert score_id_for(tenant, expectation_id, version) == hashlib.sha256(text).hexdigest()[:32]
