@@ -67,9 +67,12 @@ def is_undetermined(score: ScoreLike) -> bool:
     The status is read by name or value so that any enum spelled like PyRIT's
     ``ScoreStatus`` (``UNDETERMINED`` / ``"undetermined"``) is understood.
     """
-    if score.get_value() is None:
-        return True
+    # The status first: a score without a judgment may refuse ``get_value()`` (a PyRIT-era score
+    # with an empty value raises), and its status already says so.
     status = score.status
     if isinstance(status, Enum):
-        return status.name.upper() == "UNDETERMINED" or str(status.value).lower() == "undetermined"
-    return str(status).lower() == "undetermined"
+        if status.name.upper() == "UNDETERMINED" or str(status.value).lower() == "undetermined":
+            return True
+    elif str(status).lower() == "undetermined":
+        return True
+    return score.get_value() is None

@@ -37,13 +37,16 @@ class TextScorer(Protocol):
 
 
 def _undetermined(score: Any) -> bool:
-    value = score.get_value()
-    if value is None:
-        return True
+    """``scoring.evaluation.protocols.is_undetermined`` (not imported: this package stays free of
+    the evaluation's numpy), for a score that may lack ``status``: the status first, as a score
+    without a judgment may refuse ``get_value()``."""
     status = getattr(score, "status", None)
     if isinstance(status, Enum):
-        return status.name.upper() == "UNDETERMINED" or str(status.value).lower() == "undetermined"
-    return str(status).lower() == "undetermined"
+        if status.name.upper() == "UNDETERMINED" or str(status.value).lower() == "undetermined":
+            return True
+    elif str(status).lower() == "undetermined":
+        return True
+    return score.get_value() is None
 
 
 def _identifier(ident: Any, module: str = "") -> ScorerIdentifier:

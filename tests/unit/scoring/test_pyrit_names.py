@@ -256,3 +256,35 @@ async def test_a_wrapped_scorer_keeps_pyrit_spelled_rationale_and_metadata() -> 
     [leaf] = await as_scorer(_PyritStyleScorer()).score_text_async(text="x")
     assert leaf.rationale == "looked"
     assert leaf.metadata == {"tokens": 3}
+
+
+@dataclass
+class _ValuelessScore:
+    """A PyRIT-era score without a judgment: its status says so and ``get_value()`` raises (an
+    empty ``score_value`` cannot be read as a bool)."""
+
+    status: ScoreStatus = ScoreStatus.UNDETERMINED
+    score_rationale: str = "no answer"
+
+    def get_value(self) -> bool:
+        raise ValueError("score_value '' is not 'true' or 'false'")
+
+
+class _ValuelessScorer(_PyritStyleScorer):
+    async def score_text_async(self, text: str, *, objective: str | None = None) -> Sequence[_PyritStyleScore]:
+        return [_ValuelessScore()]  # type: ignore[list-item]
+
+
+async def test_an_undetermined_score_is_read_by_its_status_first() -> None:
+    """Both readers of foreign scores asked ``get_value()`` before the status and raised on a score
+    that has no value to give; the status already said it was undetermined."""
+    from scoring.evaluation.dataset import LabeledEntry, MetricsType
+    from scoring.evaluation.evaluator import score_entry_async
+    from scoring.evaluation.protocols import is_undetermined
+    from scoring.score.adapt import as_scorer
+
+    assert is_undetermined(_ValuelessScore())
+    [leaf] = await as_scorer(_ValuelessScorer()).score_text_async(text="x")
+    assert leaf.get_value() is None and leaf.status is ScoreStatus.UNDETERMINED
+    entry = LabeledEntry(assistant_response="x", human_scores=(1.0,), objective="o", source="t.csv:2")
+    assert await score_entry_async(_ValuelessScorer(), entry, MetricsType.OBJECTIVE) is None  # type: ignore[arg-type]
