@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import glob
 import io
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+log = logging.getLogger("toolwitness.evaluation")
 
 HUMAN_SCORE_PREFIX = "human_score"
 ASSISTANT_RESPONSE_COL = "assistant_response"
@@ -125,7 +128,16 @@ def parse_header(line: str) -> dict[str, str]:
 def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as exc:
+        # Read anyway (an old spreadsheet export), but say so: a cp1252 file's curly quotes come
+        # out as control characters, and the scorer is then judged on text no rater saw.
+        log.warning(
+            "%s is not UTF-8 (byte 0x%02x at offset %d); read as Latin-1: save it as UTF-8 if its "
+            "responses have characters beyond ASCII",
+            path,
+            exc.object[exc.start],
+            exc.start,
+        )
         return path.read_text(encoding="latin-1")
     except OSError as exc:
         raise DatasetError(f"cannot read dataset: {exc.strerror or exc}", path=path) from exc

@@ -224,3 +224,20 @@ def test_unnamed_trailing_columns_from_a_spreadsheet_are_ignored(tmp_path: Path)
     )
     with pytest.raises(DatasetError, match=r"duplicate column name\(s\) \['human_score'\]"):
         load_csv(named_twice, MetricsType.OBJECTIVE)
+
+
+def test_a_file_that_is_not_utf8_is_read_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A cp1252 export (curly quotes) is read as Latin-1, as before, but no longer silently: its
+    quotes become control characters, and the scorer would be judged on text no rater saw."""
+    text = "# dataset_version=1.0\nobjective,assistant_response,human_score\nx,\u201cno\u201d,0\n"
+    path = tmp_path / "legacy.csv"
+    path.write_bytes(text.encode("cp1252"))
+    with caplog.at_level("WARNING", logger="toolwitness.evaluation"):
+        ds = load_csv(path, MetricsType.OBJECTIVE)
+    assert ds.entries[0].assistant_response == "\x93no\x94"
+    [record] = [r for r in caplog.records if "not UTF-8" in r.getMessage()]
+    assert "legacy.csv" in record.getMessage() and "0x93" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="toolwitness.evaluation"):
+        load_csv(write(tmp_path, "good.csv", text), MetricsType.OBJECTIVE)
+    assert not caplog.records
