@@ -209,6 +209,7 @@ async def evaluate_async(
             dataset_version=dataset.version,
             harm_definition_version=dataset.harm_definition_version,
             num_scorer_trials=num_scorer_trials,
+            dataset_name=dataset.name,
         )
         if decision.skip and existing is not None:
             return existing

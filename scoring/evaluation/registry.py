@@ -9,9 +9,10 @@ Lines that do not parse are kept verbatim: a rewrite must never delete data it c
 read.
 
 Skip rules (PyRIT's, applied with :attr:`RegistryUpdateBehavior.SKIP_IF_EXISTS`):
-no entry → run; dataset version differs → run and replace; harm definition version
-differs → run and replace; existing ``num_scorer_trials`` ≥ requested → skip and
-return the stored metrics; fewer trials → run and replace.
+no entry → run; stored for another dataset (its name) → run and replace; dataset version
+differs → run and replace; harm definition version differs → run and replace; existing
+``num_scorer_trials`` ≥ requested → skip and return the stored metrics; fewer trials → run
+and replace.
 """
 
 from __future__ import annotations
@@ -80,10 +81,14 @@ def decide_skip(
     dataset_version: str,
     harm_definition_version: str | None,
     num_scorer_trials: int,
+    dataset_name: str | None = None,
 ) -> SkipDecision:
-    """PyRIT's skip rules (see the module docstring)."""
+    """PyRIT's skip rules (see the module docstring), and ``dataset_name``: a result stored for
+    another dataset (same scorer, same version string) is not this one's."""
     if existing is None:
         return SkipDecision(False, "no stored result")
+    if dataset_name is not None and existing.dataset_name is not None and existing.dataset_name != dataset_name:
+        return SkipDecision(False, f"stored result is for another dataset ({existing.dataset_name} -> {dataset_name})")
     if existing.dataset_version != dataset_version:
         return SkipDecision(False, f"dataset version changed ({existing.dataset_version} -> {dataset_version})")
     if (

@@ -243,3 +243,20 @@ async def test_a_scorer_that_decided_nothing_is_not_recorded(tmp_path: Path, cap
     assert [e.scorer_identifier.params["name"] for e in stored] == ["decides"]
     best = sorted(stored, key=lambda x: x.metrics.f1_score, reverse=True)[0]  # the seed's comparison runs
     assert first.f1_score is not None and f"{best.metrics.f1_score:.4f}" == f"{first.f1_score:.4f}"
+
+
+async def test_a_result_stored_for_another_dataset_is_not_reused(tmp_path: Path) -> None:
+    """The same scorer evaluated on a second dataset whose version string matches the first's was
+    handed the first dataset's metrics, without a call."""
+    registry = tmp_path / "metrics.jsonl"
+    scorer = TableScorer(OBJECTIVE_TABLE, "true_false")
+    first = await evaluate_async(scorer, str(DATA / "refusal_objective.csv"), registry_path=registry)
+    other = tmp_path / "other_objective.csv"
+    text = (DATA / "refusal_objective.csv").read_text(encoding="utf-8-sig").splitlines()
+    other.write_text("\n".join(text[:4]) + "\n", encoding="utf-8")  # header lines + a few rows
+    calls = scorer.calls
+    second = await evaluate_async(scorer, str(other), registry_path=registry)
+    assert second.source == "evaluated" and scorer.calls > calls
+    assert (first.dataset_name, second.dataset_name) == ("refusal_objective.csv", "other_objective.csv")
+    # the registry keeps the latest result for this scorer, as for a new dataset version
+    assert [line["metrics"]["dataset_name"] for line in lines(registry)] == ["other_objective.csv"]  # type: ignore[index]
