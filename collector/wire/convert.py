@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import re._constants as _sre  # type: ignore[import-not-found]  # the parser's node kinds
+import re._parser as _sre_parse  # type: ignore[import-not-found]
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from google.protobuf import json_format
@@ -141,12 +143,68 @@ class RegisteredExpectation:
 # --- control: proto -> models ---------------------------------------------------------------------
 
 
+#: a repetition allowed more than this many times counts as unbounded (``{1,1000}`` as ``+``)
+_FEW_REPEATS = 16
+
+
+def _backtracks(items: Any, outer: int = 0) -> bool:
+    """Whether a parsed pattern nests a repetition of varying length inside another repetition
+    such that a failing match tries exponentially (or polynomially, to a high degree) many ways:
+    ``(a+)+``, ``(\\w+\\s?)*``, ``(a?a?)+``, ``(.*x){12}``. ``outer``: 0 outside any repetition
+    (or one of at most two rounds: quadratic at worst), 1 inside one repeated a few times, 2 inside
+    an unbounded one. Atomic groups and possessive repetitions are never backtracked into: what
+    they hold starts afresh. Alternatives that overlap (``(a|a)+``) are not looked for."""
+    for op, av in items:
+        inner: list[tuple[Any, int]]
+        if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT):
+            lo, hi, body = av
+            unbounded = hi > _FEW_REPEATS
+            if outer and lo != hi and (outer == 2 or unbounded):
+                return True
+            inner = [(body, max(outer, 2 if unbounded else 1 if hi > 2 else 0))]
+        elif op is _sre.POSSESSIVE_REPEAT:
+            inner = [(av[2], 0)]
+        elif op is _sre.ATOMIC_GROUP:
+            inner = [(av, 0)]
+        elif op is _sre.SUBPATTERN:
+            inner = [(av[3], outer)]
+        elif op is _sre.BRANCH:
+            inner = [(b, outer) for b in av[1]]
+        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+            inner = [(av[1], outer)]
+        elif op is _sre.GROUPREF_EXISTS:
+            inner = [(b, outer) for b in av[1:] if b is not None]
+        else:
+            continue
+        if any(_backtracks(b, o) for b, o in inner):
+            return True
+    return False
+
+
+def check_regex(pattern: str) -> None:
+    """Refuse a matcher regex that backtracks catastrophically. It runs on the agent's arguments,
+    which the model under test steers, inside the service's event loop: ``^(\\w+\\s?)+$`` on 40
+    letters and a ``!`` would stall every tenant's scoring for hours."""
+    try:
+        parsed = _sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return  # not a regex at all: the matcher's own validation says so (invalid_expectation)
+    if _backtracks(parsed):
+        raise ControlDecodeError(
+            "invalid_matcher",
+            f"regex {pattern[:80]!r} nests a repetition of varying length in another repetition, which can "
+            "take exponential time on the agent's arguments; make the inner or outer one possessive "
+            "(a++, (?>...)) or rewrite it",
+        )
+
+
 def _matcher(m: control_pb2.ArgumentMatcher) -> ArgumentMatcher:
     kind = m.WhichOneof("match")
     path = m.path or "$"
     if kind == "equals_json":
         return ArgumentMatcher(path=path, equals=json.loads(m.equals_json))
     if kind == "regex":
+        check_regex(m.regex)
         return ArgumentMatcher(path=path, regex=m.regex)
     if kind == "range":
         return ArgumentMatcher(
