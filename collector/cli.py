@@ -116,9 +116,9 @@ def validate_config(config: ConfigOpt = None) -> None:
 
 def _redact_urls(text: str) -> str:
     """Hide credentials embedded in URLs (redis://user:secret@host) before printing."""
-    import re
+    from collector.config import redact_urls
 
-    return re.sub(r"(://[^:/@\s\"]*:)[^@/\s\"]+@", r"\1***@", text)
+    return redact_urls(text)
 
 
 @app.command()

@@ -30,6 +30,17 @@ from collector.wire.convert import TENANT
 from scoring.score.tree import TREE_KEYS_BY_TYPE, keys_not_for
 from scoring.setup.yaml_keys import DuplicateKeyError, load_yaml
 
+#: the password of a URL's user part (up to its last "@": a password may hold one) ...
+_URL_PASSWORD = re.compile(r'(://[^:/?#@\s"]*:)[^/?#\s"]*@')
+#: ... and one given as a query parameter (redis-py reads ``?password=``)
+_QUERY_PASSWORD = re.compile(r'([?&]password=)[^&#\s"]*', re.IGNORECASE)
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the credentials of the URLs in it hidden (``redis://user:***@host``), for
+    error messages and printed configs: they end up in pod logs."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
+
 
 class _Section(BaseModel):
     #: inf/nan are no durations or sizes (an infinite deadline passed validation, then crashed the loop)
@@ -154,16 +165,16 @@ class RedisConfig(_Section):
     @classmethod
     def _scheme(cls, v: str) -> str:
         if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"must start with redis://, rediss:// or unix://, got {v!r}")
+            raise ValueError(f"must start with redis://, rediss:// or unix://, got {redact_urls(v)!r}")
         if not v.startswith("unix://"):
             parts = urlsplit(v)
             try:
                 parts.port  # noqa: B018 -- raises on a port that is not a number in range
             except ValueError:
-                raise ValueError(f"the port in {v!r} is not a number from 0 to 65535") from None
+                raise ValueError(f"the port in {redact_urls(v)!r} is not a number from 0 to 65535") from None
             db = parts.path.strip("/")
             if db and not db.isdigit():
-                raise ValueError(f"the database in {v!r} must be a number (e.g. /0), got {db!r}")
+                raise ValueError(f"the database in {redact_urls(v)!r} must be a number (e.g. /0), got {db!r}")
         return v
 
     @model_validator(mode="after")

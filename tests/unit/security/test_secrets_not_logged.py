@@ -92,3 +92,27 @@ def test_missing_sasl_credentials_name_the_variable_not_a_value(monkeypatch: pyt
     with pytest.raises(ValueError) as err:
         kafka_security_kwargs(KafkaSecurityConfig(protocol="SASL_SSL", sasl_mechanism="PLAIN"))
     assert PASSWORD_ENV in str(err.value) and "user-value-7d1" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hunter2-pw@redis:99999/0",  # a port out of range
+        "redis://app:hunter2-pw@redis:6379/prod",  # a database that is no number
+        "http://app:hunter2-pw@redis:6379/0",  # another scheme
+        "redis://:hunter2@pw@redis:http/0",  # a password with an "@"
+        "redis://redis:http/0?password=hunter2-pw",  # the password as a query parameter
+    ],
+)
+def test_a_refused_redis_url_is_named_without_its_password(url: str) -> None:
+    """The config error names the bad URL (it goes to stderr: the pod's log), never its password."""
+    from typer.testing import CliRunner
+
+    from collector.cli import app
+    from collector.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={"TOOLWITNESS_REDIS_URL": url})
+    assert "hunter2" not in str(err.value) and "redis" in str(err.value)
+    out = CliRunner().invoke(app, ["validate-config"], env={"TOOLWITNESS_REDIS_URL": url})
+    assert out.exit_code == 2 and "redis.url" in out.output and "hunter2" not in out.output
