@@ -522,7 +522,7 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- if and $v.config.redis.cluster (not (regexMatch "^rediss?://[^/]+(/0?)?$" $v.config.redis.url)) }}
 {{- fail "config.redis.cluster: a Redis Cluster is reached over redis:// or rediss:// (database 0 only), e.g. redis://redis-cluster:6379" }}
 {{- end }}
-{{- if regexMatch "^rediss?://[^/@]*:[^/@]*@" $v.config.redis.url }}
+{{- if or (regexMatch "^[a-z]+://[^/@]*:[^/@]*@" $v.config.redis.url) (regexMatch "(?i)[?&]password=" $v.config.redis.url) }}
 {{- fail "config.redis.url must not carry a password (a user name is fine: redis://user@host): put the password in a Secret and set secrets.redis.existingSecret" }}
 {{- end }}
 {{- if and $v.secrets.redisTls.existingSecret (not (hasPrefix "rediss://" $v.config.redis.url)) }}
