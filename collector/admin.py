@@ -12,6 +12,12 @@ from collector.telemetry.metrics import REGISTRY
 
 log = logging.getLogger("toolwitness.admin")
 
+#: the whole request head (request line and headers) must arrive within this many seconds, ...
+REQUEST_TIMEOUT_S = 5.0
+#: ... in at most this many header lines: a client trickling headers must not hold a connection
+#: (a file descriptor of the service's, which Kafka and Redis need too) for ever
+MAX_HEADER_LINES = 100
+
 
 class AdminServer:
     name = "admin"
@@ -40,9 +46,13 @@ class AdminServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), timeout=5)
-            while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (b"\r\n", b"\n", b""):
-                pass
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                line = await reader.readline()
+                for _ in range(MAX_HEADER_LINES):
+                    if await reader.readline() in (b"\r\n", b"\n", b""):
+                        break
+                else:
+                    return
             parts = line.decode("latin-1").split()
             path = parts[1] if len(parts) > 1 else "/"
             if path == "/healthz":
@@ -61,8 +71,9 @@ class AdminServer:
                 "Connection: close\r\n\r\n".encode()
                 + body
             )
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):  # a client that does not read either
+                await writer.drain()
+        except (TimeoutError, ConnectionError, ValueError):  # ValueError: a line over the reader's limit
             pass
         finally:
             writer.close()
