@@ -176,6 +176,12 @@ class GrpcServer(ABC, Generic[C]):
                     "%s: bearer token configured without TLS on non-loopback %s: the token crosses the network "
                     "in clear text", self.COMPONENT, listen, extra=self._extra,
                 )
+            if self._token is None and host not in _LOOPBACK:
+                self._log.warning(
+                    "%s: no bearer token (%s is unset or empty) on non-loopback %s: whoever can reach it may "
+                    "call %s", self.COMPONENT, self.config.bearer_token_env or "no variable", listen, self.CALL,
+                    extra=self._extra,
+                )
             self._log.info(
                 "%s: listening on %s:%d (tls=%s, auth=%s)%s", self.COMPONENT, host, self._port, tls,
                 self._token is not None, self._listening_detail(), extra=self._extra,

@@ -282,3 +282,21 @@ async def test_a_delivery_spliced_for_a_caller_that_gave_up_is_taken_back(
         assert reg.deliveries() == []
         again = await stub.InterceptTool(req("a", '"page text"'), timeout=5)
     assert again.poisoned and again.canary == campaign.canaries("a")[0], "the cap was not used up"
+
+
+async def test_an_open_endpoint_beyond_loopback_is_warned_about(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No token on an address other hosts reach: anyone there may fetch payloads (and, on the
+    sidecar, write spans under its tenant). Allowed, as documented, but said at start."""
+    monkeypatch.delenv("TOOLWITNESS_POISONING_TOKEN", raising=False)
+    caplog.set_level(logging.WARNING)
+    async with PoisoningServer(registry(), PoisoningConfig(listen="0.0.0.0:0")):
+        pass
+    assert any("no bearer token" in r.getMessage() and "0.0.0.0:0" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    async with PoisoningServer(registry(), PoisoningConfig(listen="127.0.0.1:0")):
+        pass
+    async with PoisoningServer(registry(), PoisoningConfig(listen="0.0.0.0:0"), bearer_token="t0ken"):
+        pass
+    assert not any("no bearer token" in r.getMessage() for r in caplog.records)
