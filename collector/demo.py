@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from collector.client import ToolwitnessClient
-from collector.config import ScorerTreeConfig, ServiceConfig, TopicsConfig
+from collector.config import ScorerTreeConfig, ServiceConfig, TopicsConfig, redact_urls
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor
 from collector.pipeline.service import ToolwitnessService
 from collector.telemetry.logs import quiet_retried_coordinator_lookups
@@ -109,7 +109,8 @@ async def run_demo() -> int:
         console.print(f"  {scenario}: {expect} → {VERDICT.get(ev.status)} ({ev.trigger}, {ttv:.0f} ms, {cov})")
 
     service = ToolwitnessService(cfg, owns_process=True)
-    console.print(f"[bold]toolwitness demo[/] — Kafka {cfg.kafka.bootstrap_servers}, Redis {cfg.redis.url}")
+    redis = redact_urls(cfg.redis.url)
+    console.print(f"[bold]toolwitness demo[/] — Kafka {cfg.kafka.bootstrap_servers}, Redis {redis}")
     await service.start()
     task = asyncio.create_task(service.run())
     try:
