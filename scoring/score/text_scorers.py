@@ -64,24 +64,60 @@ def _tokens(text: str) -> list[str]:
     return [w.casefold() for w in _WORD.findall(text)]
 
 
+def _positions(a: Sequence[str]) -> dict[str, int]:
+    """Per distinct token of ``a``, the bit mask of the positions it holds."""
+    masks: dict[str, int] = {}
+    for i, x in enumerate(a):
+        masks[x] = masks.get(x, 0) | (1 << i)
+    return masks
+
+
 def _lcs(a: Sequence[str], b: Sequence[str]) -> int:
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b, 1):
-            cur.append(prev[j - 1] + 1 if x == y else max(prev[j], cur[j - 1]))
-        prev = cur
-    return prev[-1]
+    """Length of the longest common subsequence, bit-parallel: one column of the dynamic
+    programme over ``a`` is a ``len(a)``-bit integer, advanced by a few integer operations per
+    token of ``b`` (Allison-Dix / Crochemore et al.). The same value as the quadratic table, in
+    ``len(b)`` steps on machine words: a long response no longer holds the event loop for seconds
+    (``tests/unit/scoring/test_plagiarism_bits.py`` holds the two equal)."""
+    n = len(a)
+    if not n or not b:
+        return 0
+    full = (1 << n) - 1
+    masks = _positions(a)
+    v = full
+    for y in b:
+        u = v & masks.get(y, 0)
+        v = ((v + u) | (v - u)) & full
+    return n - v.bit_count()
 
 
 def _levenshtein(a: Sequence[str], b: Sequence[str]) -> int:
-    prev = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        cur = [i]
-        for j, y in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
-        prev = cur
-    return prev[-1]
+    """Edit distance, bit-parallel (Myers' algorithm in Hyyro's form for a whole-sequence
+    distance): the vertical deltas of one column over ``a`` are two ``len(a)``-bit integers, and
+    the distance is tracked at the last row; ``len(b)`` steps of integer operations."""
+    n = len(a)
+    if not n:
+        return len(b)
+    if not b:
+        return n
+    full = (1 << n) - 1
+    last = 1 << (n - 1)
+    masks = _positions(a)
+    plus, minus, distance = full, 0, n
+    for y in b:
+        eq = masks.get(y, 0)
+        xv = eq | minus
+        xh = (((eq & plus) + plus) ^ plus) | eq
+        h_plus = minus | (~(xh | plus) & full)
+        h_minus = plus & xh
+        if h_plus & last:
+            distance += 1
+        elif h_minus & last:
+            distance -= 1
+        h_plus = ((h_plus << 1) | 1) & full  # row 0 of a whole-sequence distance grows by one per step
+        h_minus = (h_minus << 1) & full
+        plus = h_minus | (~(xv | h_plus) & full)
+        minus = h_plus & xv
+    return distance
 
 
 def plagiarism_score(reference: str, text: str, metric: PlagiarismMetric, n: int = 5) -> float:
