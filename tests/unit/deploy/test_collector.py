@@ -79,7 +79,8 @@ def test_kafka_exporter_writes_otlp_proto_keyed_by_trace_id() -> None:
     assert kafka["traces"]["encoding"] == "otlp_proto"
     assert kafka["traces"]["topic"].endswith(":-otlp_spans}")  # ${env:KAFKA_SPANS_TOPIC:-otlp_spans}
     assert kafka["partition_traces_by_id"] is True
-    # the service decodes gzip with the standard library; other codecs need extra packages
+    # gzip: decoded with the standard library alone (the service reads snappy, lz4 and zstd too, with
+    # cramjam: tests/integration/test_compressed_records.py)
     assert kafka["producer"]["compression"] in {"none", "gzip"}
 
 
