@@ -276,7 +276,9 @@ class ToolwitnessService:
                     # the fetcher's high watermarks stop moving while the same batch is retried.
                     with contextlib.suppress(Exception):
                         await receiver.span_partitions_caught_up(fresh=True)
-                    await asyncio.sleep(delay)
+                    # a SIGTERM ends the wait (nothing was committed: the next owner replays the batch)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), timeout=delay)
                     continue
                 self.retry.reset()
                 self.outages["batch"].ok()
