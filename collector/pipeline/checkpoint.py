@@ -421,7 +421,9 @@ class Checkpoint:
         spans, stamped as the score records' tenant header when the record has none, so a DLQ reader
         routes it without decoding it."""
         log.warning(
-            "%s: record %s/%d/%d to DLQ: %s (%s)", self.name, rec.topic, rec.partition, rec.offset, reason, detail[:200]
+            "%s: record %s/%d/%d to DLQ: %s (%s)",
+            self.name, rec.topic, rec.partition, rec.offset, reason, detail[:200],
+            extra={"throttle_key": reason},  # the service logs one per reason per RECORD_LOG_EVERY_S
         )
         headers = _headers(rec)
         if tenant is not None and TENANT_RE.fullmatch(tenant) and all(k != TENANT_HEADER for k, _ in headers):

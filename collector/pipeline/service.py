@@ -70,6 +70,9 @@ KAFKA_PROBE_EVERY_S = 2.0
 KAFKA_PROBE_TIMEOUT_S = 5.0
 #: aiokafka's own log lines: one per message kind per this many seconds (an outage: ~70 a second)
 LIBRARY_LOG_EVERY_S = 10.0
+#: the checkpoint's line per dead-lettered record: one per reason per this many seconds (a producer
+#: writing the wrong encoding sends every record there; toolwitness_dlq_records_total counts them all)
+RECORD_LOG_EVERY_S = 10.0
 #: each shutdown step (sweeper and probe, consumer, exporter, admin server, Redis) gets at most this long
 #: (5 steps: within the 30 s a Kubernetes pod gets between SIGTERM and SIGKILL by default)
 SHUTDOWN_STEP_S = 5.0
@@ -192,7 +195,7 @@ class ToolwitnessService:
 
     async def start(self) -> None:
         if self.owns_process:  # process-wide, like the collector tuning below
-            throttle_logs("aiokafka", LIBRARY_LOG_EVERY_S)
+            self.throttle_logs()
         await self.admin.start()
         await asyncio.wait_for(self.redis.ping(), timeout=10)
         await self.store.start()
@@ -224,6 +227,13 @@ class ToolwitnessService:
             gc.set_threshold(max(gen0, 10_000), gen1, gen2)
         topics = self.cfg.kafka.topics
         log.info("service %s started: consuming %s, %s", self.instance, topics.spans, topics.control)
+
+    @staticmethod
+    def throttle_logs() -> None:
+        """Lines that repeat per failed request or per bad record: one per kind per interval, with a
+        count of those held back (process-wide loggers: only when the service owns the process)."""
+        throttle_logs("aiokafka", LIBRARY_LOG_EVERY_S)
+        throttle_logs("toolwitness.checkpoint", RECORD_LOG_EVERY_S)
 
     def request_stop(self) -> None:
         self._stopping.set()

@@ -7,20 +7,21 @@ import time
 
 
 class RepeatThrottle(logging.Filter):
-    """Lets one record per message kind (logger, level, format string) through per ``every_s``;
-    the next one let through says how many like it were not logged meanwhile. DEBUG records
-    always pass (whoever turns DEBUG on wants all of them)."""
+    """Lets one record per message kind (logger, level, format string, and the record's
+    ``throttle_key`` when it has one: ``extra={"throttle_key": reason}`` keeps one reason's flood
+    from hiding another's) through per ``every_s``; the next one let through says how many like it
+    were not logged meanwhile. DEBUG records always pass (whoever turns DEBUG on wants all of them)."""
 
     def __init__(self, every_s: float) -> None:
         super().__init__()
         self.every_s = every_s
         #: message kind -> (when one was last let through, how many were held back since)
-        self._last: dict[tuple[str, int, str], tuple[float, int]] = {}
+        self._last: dict[tuple[str, int, str, str], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.INFO:
             return True
-        key = (record.name, record.levelno, str(record.msg))
+        key = (record.name, record.levelno, str(record.msg), str(getattr(record, "throttle_key", "")))
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last[0] < self.every_s:

@@ -63,3 +63,32 @@ def test_a_retried_coordinator_lookup_is_not_shown_by_the_demo(caplog: pytest.Lo
     assert len(shown) == 2
     assert shown[0].startswith("Group Coordinator Request failed: [Error 30] GroupAuthorizationFailedError")
     assert shown[1].startswith("Heartbeat failed")
+
+
+async def test_the_service_logs_one_dead_letter_line_per_reason_not_one_per_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer writing the wrong encoding sends every record to the DLQ: the log gets one line per
+    reason per interval (the DLQ metric counts each record), and one reason's flood does not hide
+    another's."""
+    from aiokafka.structs import ConsumerRecord
+
+    from collector.config import ServiceConfig
+    from collector.pipeline.service import ToolwitnessService
+
+    service = ToolwitnessService(ServiceConfig(), owns_process=True)
+    checkpoint = logging.getLogger("toolwitness.checkpoint")
+    before = list(checkpoint.filters)
+    try:
+        service.throttle_logs()
+        with caplog.at_level(logging.WARNING, logger="toolwitness.checkpoint"):
+            for offset in range(200):
+                reason = "undecodable_protobuf" if offset % 2 else "unknown_scorer"
+                rec = ConsumerRecord("otlp_spans", 0, offset, 0, 0, None, b"\xff", None, -1, 1, ())
+                service.checkpoint._dead(rec, reason, "bad")
+    finally:
+        checkpoint.filters[:] = before
+        await service.redis.aclose()
+    lines = [r.getMessage() for r in caplog.records if r.name == "toolwitness.checkpoint"]
+    assert len(lines) == 2, lines
+    assert {line.split("to DLQ: ")[1].split(" ")[0] for line in lines} == {"unknown_scorer", "undecodable_protobuf"}
