@@ -615,6 +615,8 @@ def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, 
             ["autoscaling.enabled=true", "autoscaling.minReplicas=4", "autoscaling.maxReplicas=2"],
             "must not exceed autoscaling.maxReplicas",
         ),
+        # utilization is usage / request: without a CPU request the HPA never scales on CPU
+        (["autoscaling.enabled=true", "resources.requests.cpu="], "a percentage of resources.requests.cpu"),
         (["podDisruptionBudget.maxUnavailable=2"], "maxUnavailable must be lower than replicaCount"),
         (["sidecar.enabled=true", "sidecar.port=8888"], "sidecar.port must differ"),
     ],

@@ -492,6 +492,9 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- if and (eq (int $v.autoscaling.targetCPUUtilizationPercentage) 0) (not $v.autoscaling.kafkaLag.enabled) }}
 {{- fail "autoscaling needs a metric: set autoscaling.targetCPUUtilizationPercentage > 0 or enable autoscaling.kafkaLag" }}
 {{- end }}
+{{- if and (gt (int $v.autoscaling.targetCPUUtilizationPercentage) 0) (not $v.resources.requests.cpu) }}
+{{- fail "autoscaling.targetCPUUtilizationPercentage is a percentage of resources.requests.cpu, which is empty: the HPA cannot compute the utilization and never scales on CPU; set a CPU request, or set the target to 0 and scale on autoscaling.kafkaLag" }}
+{{- end }}
 {{- end }}
 {{- if include "toolwitness.kafkaSasl" . }}
 {{- if not $v.secrets.kafkaSasl.existingSecret }}
