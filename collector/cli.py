@@ -341,3 +341,7 @@ def _mount_eval() -> None:
 
 
 _mount_eval()
+
+
+if __name__ == "__main__":  # `python -m collector.cli ...`, as the `toolwitness` script
+    app()

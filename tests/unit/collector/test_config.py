@@ -527,3 +527,17 @@ def test_sidecar_says_in_one_line_that_its_listen_address_is_taken(monkeypatch: 
     assert isinstance(result.exception, SystemExit)  # no exception escaped: no traceback
     assert f"toolwitness sidecar: could not start: otlp_grpc: cannot listen on 127.0.0.1:{port}: " in result.output
     assert result.output.rstrip().endswith("(--listen)")
+
+
+def test_python_dash_m_collector_cli_runs_the_command_line(tmp_path: Path) -> None:
+    """``python -m collector.cli validate-config`` exited 0 having done nothing (no ``__main__``
+    guard): a container or job started that way "succeeded" without running anything."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "c.yaml"
+    p.write_text("kafka:\n  max_poll_records: lots\n")
+    done = subprocess.run([sys.executable, "-m", "collector.cli", "validate-config", "--config", str(p)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "kafka.max_poll_records" in done.stderr
