@@ -73,8 +73,9 @@ LIBRARY_LOG_EVERY_S = 10.0
 #: the checkpoint's line per dead-lettered record: one per reason per this many seconds (a producer
 #: writing the wrong encoding sends every record there; toolwitness_dlq_records_total counts them all)
 RECORD_LOG_EVERY_S = 10.0
-#: each shutdown step (sweeper and probe, consumer, exporter, admin server, Redis) gets at most this long
-#: (5 steps: within the 30 s a Kubernetes pod gets between SIGTERM and SIGKILL by default)
+#: each shutdown step (sweeper and probe, consumer, count moves, exporter, admin server, Redis) gets at
+#: most this long: 6 steps, 30 s after the in-flight batch, all of the 30 s Kubernetes gives a pod between
+#: SIGTERM and SIGKILL by default (the chart refuses a terminationGracePeriodSeconds below 30; its default is 60)
 SHUTDOWN_STEP_S = 5.0
 #: how often the sweeper refreshes ``toolwitness_traces_in_state`` (one script call per tenant,
 #: ~20 us in Redis: it takes the buckets ended since the last read out of the tenant's sum)

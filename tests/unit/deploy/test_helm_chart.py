@@ -615,6 +615,7 @@ def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, 
             ["autoscaling.enabled=true", "autoscaling.minReplicas=4", "autoscaling.maxReplicas=2"],
             "must not exceed autoscaling.maxReplicas",
         ),
+        (["terminationGracePeriodSeconds=10"], "terminationGracePeriodSeconds 10 is shorter than the service"),
         # utilization is usage / request: without a CPU request the HPA never scales on CPU
         (["autoscaling.enabled=true", "resources.requests.cpu="], "a percentage of resources.requests.cpu"),
         (["podDisruptionBudget.maxUnavailable=2"], "maxUnavailable must be lower than replicaCount"),

@@ -482,6 +482,9 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- if and (not $v.autoscaling.enabled) (lt (int $v.replicaCount) 1) }}
 {{- fail "replicaCount must be at least 1: with 0 consumer-group members nothing consumes the spans topic and deadlines never fire (uninstall instead, or enable autoscaling)" }}
 {{- end }}
+{{- if lt (int $v.terminationGracePeriodSeconds) 30 }}
+{{- fail (printf "terminationGracePeriodSeconds %d is shorter than the service's shutdown: after its in-flight batch it takes up to 30 s (6 steps of at most 5 s) while Kafka or Redis fails, and a pod killed before it leaves the group holds its partitions for config.kafka.session_timeout_ms; use at least 30" (int $v.terminationGracePeriodSeconds)) }}
+{{- end }}
 {{- if $v.autoscaling.enabled }}
 {{- if lt (int $v.autoscaling.minReplicas) 1 }}
 {{- fail "autoscaling.minReplicas must be at least 1" }}
