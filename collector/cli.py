@@ -84,10 +84,16 @@ class _StartFailed(Exception):
 
 def _start_failure(cfg: Any, exc: BaseException) -> str:
     """What failed at start, naming the setting to check."""
-    from aiokafka.errors import KafkaError
+    from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
     from redis.exceptions import RedisError
 
     what = f"{type(exc).__name__}: {exc}".strip()[:300]
+    if isinstance(exc, InvalidSessionTimeoutError):  # the brokers answered: not a connection problem
+        return (
+            f"kafka.session_timeout_ms ({cfg.kafka.session_timeout_ms}) is refused by the brokers: it must lie "
+            "within their group.min.session.timeout.ms and group.max.session.timeout.ms (6000 and 1800000 by "
+            f"default) ({what})"
+        )
     if isinstance(exc, RedisError) or "redis" in type(exc).__module__:
         return f"Redis at redis.url {_redact_urls(cfg.redis.url)!r} ({what})"
     if isinstance(exc, KafkaError) or "kafka" in type(exc).__module__:

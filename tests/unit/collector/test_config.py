@@ -541,3 +541,18 @@ def test_python_dash_m_collector_cli_runs_the_command_line(tmp_path: Path) -> No
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "kafka.max_poll_records" in done.stderr
+
+
+def test_a_session_timeout_the_brokers_refuse_is_named_at_start() -> None:
+    """The config allows 3000 ms; a broker with the default group.min.session.timeout.ms (6000)
+    refuses the join, and the one line said only 'Kafka at kafka.bootstrap_servers ...', as if the
+    brokers were unreachable."""
+    from aiokafka.errors import InvalidSessionTimeoutError
+
+    from collector.cli import _start_failure
+    from collector.config import ServiceConfig
+
+    cfg = ServiceConfig.model_validate({"kafka": {"session_timeout_ms": 4000}})
+    line = _start_failure(cfg, InvalidSessionTimeoutError())
+    assert line.startswith("kafka.session_timeout_ms (4000) is refused by the brokers"), line
+    assert "group.min.session.timeout.ms" in line
