@@ -24,11 +24,13 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import RedisCluster
 from redis.cluster import PRIMARY
 from redis.crc import key_slot
+from redis.exceptions import ResponseError
 
 from collector.client import topic_partitions
 from collector.config import ServiceConfig
@@ -101,6 +103,30 @@ class Recovery:
         await self._sync_canaries(overwrite=False)
         lost = await r.get(self.store.k.lost_at)
         self.lost_at_ms = int(lost) if lost else 0
+
+    async def eviction_risk(self) -> str | None:
+        """Why Redis may evict this service's keys under memory pressure, or None.
+
+        Every key the service writes has a TTL, so any policy but ``noeviction`` (``volatile-lru``,
+        the usual default of managed caches, included) can drop a trace's state, an expectation or a
+        decision without notice. That is a loss the epoch does not see: an evicted state rebuilt
+        from later spans can be "complete" under a count-less marker, proving an absence that is
+        not one, and an evicted decision can be decided again. None when the limit is off
+        (``maxmemory`` 0), the policy is ``noeviction``, or CONFIG is not allowed (managed Redis)."""
+        try:
+            raw = await self.store.redis.config_get("maxmemory*")
+        except ResponseError as exc:  # CONFIG renamed or disabled (managed Redis): nothing to say
+            log.debug("%s: could not read Redis's eviction policy: %r", self.name, exc)
+            return None
+        # one server: {name: value}; a cluster may answer per node: {node: {name: value}}
+        reply: dict[Any, Any] = dict(raw)
+        answers: list[dict[Any, Any]] = [v for v in reply.values() if isinstance(v, dict)] or [reply]
+        for answer in answers:
+            conf = {_text(k): _text(v) for k, v in answer.items()}
+            policy, limit = conf.get("maxmemory-policy", ""), conf.get("maxmemory", "0")
+            if policy and policy != "noeviction" and limit.isdigit() and int(limit) > 0:
+                return f"maxmemory {int(limit):,} bytes with maxmemory-policy {policy}"
+        return None
 
     async def check(self) -> bool:
         """True if Redis lost its data since this instance adopted the epoch."""
@@ -185,3 +211,7 @@ class Recovery:
         finally:
             await consumer.stop()
         return restored
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

@@ -25,7 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from collector.admin import AdminServer
 from collector.client import ensure_topics
-from collector.config import RedisConfig, ServiceConfig
+from collector.config import RedisConfig, ServiceConfig, redact_urls
 from collector.exporters.base import ExportError
 from collector.exporters.kafka import KafkaExporter
 from collector.pipeline.checkpoint import Checkpoint
@@ -202,6 +202,14 @@ class ToolwitnessService:
         await self.store.start()
         await self.recovery.start()
         self.engine.lost_at_ms = self.recovery.lost_at_ms
+        if (risk := await self.recovery.eviction_risk()) is not None:
+            log.warning(
+                "Redis at redis.url %s may evict this service's keys (%s): an evicted trace state, "
+                "expectation or decision is evidence lost without notice, and a verdict can then be "
+                "wrong. Set maxmemory-policy noeviction (a full Redis then fails writes and batches "
+                "are retried) or give Redis the memory it needs",
+                redact_urls(self.cfg.redis.url), risk,
+            )
         # Missing topics are created (replication min(3, brokers), observations compacted) and
         # waited for; a refusal (no CreateTopics permission, ...) fails the start with its reason.
         k = self.cfg.kafka

@@ -3,12 +3,23 @@ UNDETERMINED (`state_lost`), never FALSE, and no published score is contradicted
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
+from redis.asyncio import Redis
 
 from scoring.models import TraceScorable
-from tests.integration.harness import control_client, expects, make_agent, make_config, running_service, until, verdict
+from tests.integration.harness import (
+    control_client,
+    drop_stack,
+    expects,
+    make_agent,
+    make_config,
+    running_service,
+    until,
+    verdict,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +73,30 @@ async def test_recovery_reads_the_published_decisions_back(kafka_bootstrap: str,
             d = await service.store.get_decision("default", i)
             assert d is not None and d.published and d.version == 1
     agent.close()
+
+
+async def test_a_redis_that_may_evict_keys_is_named_at_start(
+    kafka_bootstrap: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Eviction drops single keys, which the epoch does not notice: a Redis whose policy may evict
+    the service's keys (all have a TTL, so volatile-* policies too) is named at start."""
+    cfg = make_config(kafka_bootstrap, redis_url)
+    r = Redis.from_url(redis_url)
+    before = await r.config_get("maxmemory*")
+    caplog.set_level(logging.WARNING, logger="toolwitness.service")
+    try:
+        async with running_service(cfg):
+            pass
+        assert not [m for m in caplog.messages if "may evict" in m]  # noeviction, no limit: silent
+        await r.config_set("maxmemory", str(4 << 30))
+        await r.config_set("maxmemory-policy", "volatile-lru")
+        async with running_service(cfg):
+            pass
+        [line] = [m for m in caplog.messages if "may evict" in m]
+        assert "maxmemory 4,294,967,296 bytes with maxmemory-policy volatile-lru" in line
+        assert "noeviction" in line
+    finally:
+        await r.config_set("maxmemory-policy", before["maxmemory-policy"])
+        await r.config_set("maxmemory", before["maxmemory"])
+        await r.aclose()
+        await drop_stack(cfg)
