@@ -51,6 +51,7 @@ from collector.wire.convert import (
     check_labels,
     decode_observation,
     decode_score_event,
+    expectation_from_proto,
     observation_from_proto,
     scope_to_proto,
     score_id_for,
@@ -726,7 +727,8 @@ class ToolwitnessClient:
         control record keyed by the expectation id, headers ``toolwitness-dlq-reason`` /
         ``toolwitness-dlq-detail``), in the service's log (``... to DLQ: unknown_scorer``) and in
         its ``toolwitness_dlq_records_total{reason=...}``; ``toolwitness validate-config`` prints
-        the configured trees.
+        the configured trees. What the service refuses on its own (an argument matcher's regex
+        that could backtrack for hours, labels beyond their bounds) raises ``ValueError`` here.
         """
         if expectation is not None and conditions is not None:
             raise ValueError("pass either `expectation` or `conditions`, not both")
@@ -758,6 +760,15 @@ class ToolwitnessClient:
             deadline=deadline,
             labels=labels,
         )
+        try:
+            # What the service would dead-letter as it decodes the record (a matcher regex that
+            # backtracks, labels out of bounds, ...) is refused here, where the caller can fix it,
+            # not after its wait_for times out.
+            expectation_from_proto(msg, default_tenant=self.tenant, default_deadline_s=1.0, now_ms=0)
+        except ControlDecodeError as exc:
+            raise ValueError(f"expect: the service would refuse this expectation ({exc.reason}): {exc.detail}") from (
+                None
+            )
         try:
             await self._send_control(eid, control_pb2.ControlMessage(expectation=msg))
         except TimeoutError as exc:

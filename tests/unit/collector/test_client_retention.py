@@ -207,3 +207,28 @@ def test_the_score_id_is_the_documented_formula() -> None:
     for tenant, expectation_id, version in [("acme", "e1", 1), ("default", "ünïcode-id", 12)]:
         text = f"{tenant}\0{expectation_id}\0{version}".encode()
         assert score_id_for(tenant, expectation_id, version) == hashlib.sha256(text).hexdigest()[:32]
+
+
+async def test_what_the_service_would_refuse_is_refused_before_sending(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A matcher regex that backtracks catastrophically is dead-lettered by the service
+    (invalid_matcher) and the harness waited out its timeout; expect() now says so at once."""
+    from scoring.models import ArgumentMatcher, ToolCallRequirement, ToolsCalled, TraceScorable
+
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme")
+    sent: list[object] = []
+
+    async def send(key: str, msg: object) -> None:
+        sent.append(msg)
+
+    monkeypatch.setattr(tw, "_send_control", send)
+    trace = TraceScorable(trace_ids=("ab" * 16,))
+
+    def calls(regex: str) -> list[ToolsCalled]:
+        matcher = ArgumentMatcher(path="$.q", regex=regex)
+        return [ToolsCalled(tools=(ToolCallRequirement(name="search", arguments=(matcher,)),))]
+
+    with pytest.raises(ValueError, match=r"would refuse this expectation \(invalid_matcher\).*possessive"):
+        await tw.expect(trace, conditions=calls(r"^(\w+\s?)+$"))
+    assert sent == []
+    await tw.expect(trace, conditions=calls(r"^(?:\w+\s?)++$"))  # the suggested rewrite is sent
+    assert len(sent) == 1
