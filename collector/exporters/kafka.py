@@ -11,15 +11,22 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from collector.client import TopicSetupError
 from collector.client import kafka_security_kwargs as security_kwargs
 from collector.config import KafkaConfig
 from collector.exporters.base import ExportError
 from collector.exporters.partition import KeyPartitioner
+from collector.producer import topic_record_limit
 from collector.telemetry.metrics import DLQ_RECORDS, EXPORT_FAILURES
 
 log = logging.getLogger("toolwitness.exporter.kafka")
 
 DLQ_PREVIEW_BYTES = 65536
+#: the producer's record batches (several records of one partition, sent together) ...
+MAX_BATCH_BYTES = 524288
+#: ... and what a record batch holds besides its records' keys, values and header texts: the
+#: batch header (61 bytes), each record's framing, the headers this exporter adds
+RECORD_OVERHEAD = 512
 
 
 def kafka_security_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
@@ -53,10 +60,40 @@ class KafkaExporter:
         self.cfg = cfg
         self._producer: AIOKafkaProducer | None = None
         self._pending: list[asyncio.Future[Any]] = []
+        #: each output topic's ``max.message.bytes`` where it could be read (``read_record_limits``)
+        self.record_limits: dict[str, int] = {}
+
+    async def read_record_limits(self, max_observation_bytes: int) -> dict[str, int]:
+        """Read the ``max.message.bytes`` of the scores, observations and DLQ topics (where the
+        principal may describe them) before ``start``: the producer's batches are kept below the
+        smallest, and a dead letter is cut to fit the DLQ topic. A record the broker refuses is
+        retried for ever (the batch, or the sweeper's re-send), so an observations topic that
+        refuses an observation of ``limits.max_observation_bytes`` is refused here (TopicSetupError)."""
+        t = self.cfg.topics
+        timeout_s = self.cfg.request_timeout_ms / 1000
+        for topic in (t.scores, t.observations, t.dlq):
+            limit = await topic_record_limit(
+                self.cfg.bootstrap_servers, topic, kafka_kwargs=kafka_security_kwargs(self.cfg), timeout_s=timeout_s
+            )
+            if limit is not None:
+                self.record_limits[topic] = limit
+        obs_limit = self.record_limits.get(t.observations)
+        if obs_limit is not None and obs_limit - RECORD_OVERHEAD < max_observation_bytes:
+            raise TopicSetupError(
+                f"observations topic {t.observations} takes records up to {obs_limit:,} bytes (its max.message.bytes), "
+                f"less than limits.max_observation_bytes ({max_observation_bytes:,}) plus {RECORD_OVERHEAD} bytes "
+                "for the record's key and headers: a larger observation would be refused, and its score re-sent "
+                f"for ever. Set limits.max_observation_bytes to at most {obs_limit - RECORD_OVERHEAD:,}, or raise "
+                "the topic's max.message.bytes"
+            )
+        return self.record_limits
 
     async def start(self) -> None:
         if self._producer is not None:
             return
+        # A batch over a topic's max.message.bytes is refused whole (every record in it): none bigger
+        # than the smallest (a single larger record still goes in a batch of its own).
+        batch_bytes = min([MAX_BATCH_BYTES, *(n - RECORD_OVERHEAD for n in self.record_limits.values())])
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.cfg.bootstrap_servers,
             client_id=f"{self.cfg.client_id}-exporter",
@@ -66,7 +103,7 @@ class KafkaExporter:
             # linger only delays each batch's scores; the sends of a large batch are issued without
             # yielding to the sender and are batched anyway.
             linger_ms=0,
-            max_batch_size=524288,
+            max_batch_size=max(1024, batch_bytes),
             partitioner=KeyPartitioner(),
             max_request_size=max(1048576, DLQ_PREVIEW_BYTES * 4),
             request_timeout_ms=self.cfg.request_timeout_ms,
@@ -107,11 +144,22 @@ class KafkaExporter:
             ("toolwitness-dlq-detail", d.detail[:512].encode("utf-8", "replace")),
             ("toolwitness-dlq-source", f"{d.topic}/{d.partition}/{d.offset}".encode()),
         ]
-        if len(value) > DLQ_PREVIEW_BYTES:
+        room = self._dead_letter_room(d.key, headers)
+        if len(value) > room:
             headers.append(("toolwitness-dlq-truncated-from", str(len(value)).encode()))
-            value = value[:DLQ_PREVIEW_BYTES]
+            value = value[:room]
         DLQ_RECORDS.labels(self.name, d.reason).inc()
         await self._send(self.cfg.topics.dlq, d.key, value, headers)
+
+    def _dead_letter_room(self, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
+        """How much of a dead letter's value is kept: ``DLQ_PREVIEW_BYTES``, less where the DLQ
+        topic takes smaller records (a refused dead letter would stop its partition for good)."""
+        limit = self.record_limits.get(self.cfg.topics.dlq)
+        if limit is None:
+            return DLQ_PREVIEW_BYTES
+        # the truncated-from header comes on top of those given
+        taken = RECORD_OVERHEAD + len(key or b"") + sum(len(k.encode()) + len(v) for k, v in headers) + 64
+        return max(0, min(DLQ_PREVIEW_BYTES, limit - taken))
 
     async def flush(self) -> None:
         """Await every delivery since the last flush; raise ExportError on any failure."""

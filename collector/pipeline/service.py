@@ -214,6 +214,8 @@ class ToolwitnessService:
         # waited for; a refusal (no CreateTopics permission, ...) fails the start with its reason.
         k = self.cfg.kafka
         await ensure_topics(k.bootstrap_servers, k.topics, security=k.security, client_id=f"{k.client_id}-admin")
+        # The output topics' record limits: the exporter keeps its records and batches within them.
+        await self.exporter.read_record_limits(self.cfg.limits.max_observation_bytes)
         await self.exporter.start()
         await self.receiver.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="sweeper")
