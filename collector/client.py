@@ -36,7 +36,6 @@ from typing import Any, Literal, Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 from google.protobuf import json_format
@@ -44,7 +43,7 @@ from google.protobuf.message import DecodeError
 
 from collector.config import KafkaConfig, KafkaSecurityConfig, TopicsConfig
 from collector.exporters.partition import KeyPartitioner
-from collector.producer import RecordRefusedError, RenewingProducer, start_idempotent
+from collector.producer import RecordRefusedError, RenewingProducer, describe_topic_configs, start_idempotent
 from collector.wire.convert import (
     TENANT,
     ControlDecodeError,
@@ -184,19 +183,46 @@ def _ready(row: Mapping[str, Any]) -> bool:
     return row.get("error_code") == 0 and bool(parts) and all(p.get("leader", -1) >= 0 for p in parts)
 
 
-async def _warn_unless_compacted(admin: Any, topic: str) -> None:
+async def _warn_about_topic_configs(admin: Any, topics: TopicsConfig, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Warn about existing topics set up against their use (``rows``: their metadata): an observations
+    topic that deletes (a score's evidence then vanishes), a compacted spans topic (spans lost), a
+    topic with one replica in a cluster of several brokers. Only a check: never fails the set-up."""
     try:
-        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-        entries = response.to_object()["resources"][0]["config_entries"]
-        policy = next((e["config_value"] for e in entries if e["config_names"] == "cleanup.policy"), "")
-    except Exception as exc:  # only a check: never fail the set-up on it
-        log.debug("could not read the configs of %s: %r", topic, exc)
+        configs = await describe_topic_configs(admin, [topics.spans, topics.observations])
+        brokers = len((await admin.describe_cluster()).get("brokers") or [])
+    except Exception as exc:
+        log.debug("could not read the configs of the toolwitness topics: %r", exc)
         return
-    if "compact" not in str(policy):
+    obs = configs.get(topics.observations)
+    if obs is not None:
+        policy, retention = obs.get("cleanup.policy", ""), obs.get("retention.ms", "")
+        if "compact" not in policy:
+            log.warning(
+                "observations topic %s has cleanup.policy=%s, not compact: observations will expire with retention",
+                topics.observations, policy,
+            )
+        elif "delete" in policy and retention not in ("", "-1"):
+            log.warning(
+                "observations topic %s has cleanup.policy=%s: observations older than its retention.ms (%s) are "
+                "deleted though the scores citing them remain; use cleanup.policy=compact",
+                topics.observations, policy, retention,
+            )
+    if "compact" in configs.get(topics.spans, {}).get("cleanup.policy", ""):
         log.warning(
-            "observations topic %s has cleanup.policy=%s, not compact: observations will expire with retention",
-            topic, policy,
+            "spans topic %s is compacted (cleanup.policy=%s): a record keyed by trace id replaces the earlier "
+            "records of its trace, so spans not yet consumed (a backlog, a replay) are lost, and the broker refuses "
+            "records without a key; use cleanup.policy=delete",
+            topics.spans, configs[topics.spans]["cleanup.policy"],
         )
+    if brokers > 1:
+        for row in rows:
+            parts = row.get("partitions") or []
+            if parts and min(len(p.get("replicas") or ()) for p in parts) == 1:
+                log.warning(
+                    "topic %s has a partition with one replica in a cluster of %d brokers: losing that broker "
+                    "stops the service (or loses the records); recreate it with replication 3",
+                    row.get("topic"), brokers,
+                )
 
 
 def _check_timeout(timeout_s: float) -> None:
@@ -288,7 +314,7 @@ async def ensure_topics(
                         "topics not usable: " + ", ".join(f"{r['topic']} (error {r['error_code']})" for r in fatal)
                     )
                 await asyncio.sleep(0.05)
-            await _warn_unless_compacted(admin, topics.observations)
+            await _warn_about_topic_configs(admin, topics, rows)
     except TimeoutError:
         raise TimeoutError(
             f"creating the toolwitness topics at {bootstrap_servers}: not ready within timeout_s={timeout_s}s "

@@ -32,7 +32,10 @@ from aiokafka.errors import (
     RecordListTooLargeError,
 )
 
-__all__ = ["RecordRefusedError", "RenewingProducer", "send_each", "start_idempotent", "topic_record_limit"]
+__all__ = [
+    "RecordRefusedError", "RenewingProducer", "describe_topic_configs", "send_each", "start_idempotent",
+    "topic_record_limit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +245,21 @@ class RenewingProducer:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()
+
+
+async def describe_topic_configs(admin: Any, topics: Sequence[str]) -> dict[str, dict[str, str]]:
+    """The configs of ``topics`` (name -> value, broker defaults included) in one DescribeConfigs
+    request; a topic that cannot be described (missing, not permitted) is left out."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]
+    out: dict[str, dict[str, str]] = {}
+    for response in await admin.describe_configs(resources):
+        for resource in response.to_object()["resources"]:
+            if resource.get("error_code", 0) != 0:
+                continue
+            out[str(resource["resource_name"])] = {
+                str(e["config_names"]): str(e["config_value"]) for e in resource["config_entries"]
+            }
+    return out
 
 
 async def topic_record_limit(

@@ -4,19 +4,21 @@ compacted topic) and the DLQ (original record + reason headers). One idempotent 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from collector.client import TopicSetupError
 from collector.client import kafka_security_kwargs as security_kwargs
 from collector.config import KafkaConfig
 from collector.exporters.base import ExportError
 from collector.exporters.partition import KeyPartitioner
-from collector.producer import topic_record_limit
+from collector.producer import describe_topic_configs
 from collector.telemetry.metrics import DLQ_RECORDS, EXPORT_FAILURES
 
 log = logging.getLogger("toolwitness.exporter.kafka")
@@ -64,19 +66,31 @@ class KafkaExporter:
         self.record_limits: dict[str, int] = {}
 
     async def read_record_limits(self, max_observation_bytes: int) -> dict[str, int]:
-        """Read the ``max.message.bytes`` of the scores, observations and DLQ topics (where the
-        principal may describe them) before ``start``: the producer's batches are kept below the
-        smallest, and a dead letter is cut to fit the DLQ topic. A record the broker refuses is
-        retried for ever (the batch, or the sweeper's re-send), so an observations topic that
-        refuses an observation of ``limits.max_observation_bytes`` is refused here (TopicSetupError)."""
+        """Read the configs of the scores, observations and DLQ topics (where the principal may
+        describe them) before ``start``: the producer's batches are kept below the smallest
+        ``max.message.bytes``, and a dead letter is cut to fit the DLQ topic. A record the broker
+        refuses is retried for ever (the batch, or the sweeper's re-send), so what would make it
+        refuse records the service must write is refused here (TopicSetupError): an observations
+        topic that cannot take an observation of ``limits.max_observation_bytes``, a compacted DLQ
+        topic (it refuses records without a key, and a span record often has none)."""
         t = self.cfg.topics
-        timeout_s = self.cfg.request_timeout_ms / 1000
-        for topic in (t.scores, t.observations, t.dlq):
-            limit = await topic_record_limit(
-                self.cfg.bootstrap_servers, topic, kafka_kwargs=kafka_security_kwargs(self.cfg), timeout_s=timeout_s
-            )
-            if limit is not None:
-                self.record_limits[topic] = limit
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.cfg.bootstrap_servers, client_id=f"{self.cfg.client_id}-admin",
+            request_timeout_ms=self.cfg.request_timeout_ms, **kafka_security_kwargs(self.cfg),
+        )
+        try:
+            async with asyncio.timeout(self.cfg.request_timeout_ms / 1000):
+                await admin.start()
+                configs = await describe_topic_configs(admin, [t.scores, t.observations, t.dlq])
+        except Exception as exc:  # DescribeConfigs not permitted: the topics are taken as they are
+            log.debug("could not read the configs of the output topics: %r", exc)
+            configs = {}
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+        self.record_limits = {
+            topic: int(c["max.message.bytes"]) for topic, c in configs.items() if c.get("max.message.bytes")
+        }
         obs_limit = self.record_limits.get(t.observations)
         if obs_limit is not None and obs_limit - RECORD_OVERHEAD < max_observation_bytes:
             raise TopicSetupError(
@@ -85,6 +99,13 @@ class KafkaExporter:
                 "for the record's key and headers: a larger observation would be refused, and its score re-sent "
                 f"for ever. Set limits.max_observation_bytes to at most {obs_limit - RECORD_OVERHEAD:,}, or raise "
                 "the topic's max.message.bytes"
+            )
+        if "compact" in configs.get(t.dlq, {}).get("cleanup.policy", ""):
+            raise TopicSetupError(
+                f"DLQ topic {t.dlq} (kafka.topics.dlq) has cleanup.policy={configs[t.dlq]['cleanup.policy']}: a "
+                "compacted topic refuses records without a key, so the dead letter of an unkeyed span record (the "
+                "Collector's kafkaexporter writes them unless partition_traces_by_id is set) would stop its "
+                "partition for good, and compaction would keep one dead letter per key. Set cleanup.policy=delete"
             )
         return self.record_limits
 
