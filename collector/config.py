@@ -140,6 +140,10 @@ class KafkaConfig(_Section):
     request_timeout_ms: int = Field(default=30000, ge=1000)
     #: how long a dead instance keeps its partitions before the group rebalances.
     session_timeout_ms: int = Field(default=10000, ge=3000)
+    #: how often the consumer refreshes topic metadata: partitions added to the spans or control
+    #: topic are assigned (and read from their start) within about this long (aiokafka's 300 s
+    #: default left them unread for minutes).
+    metadata_max_age_ms: int = Field(default=30000, ge=1000, le=3_600_000)
     security: KafkaSecurityConfig = KafkaSecurityConfig()
 
 

@@ -88,6 +88,7 @@ class KafkaOTLPReceiver:
             request_timeout_ms=k.request_timeout_ms,
             session_timeout_ms=k.session_timeout_ms,
             heartbeat_interval_ms=max(1000, k.session_timeout_ms // 3),
+            metadata_max_age_ms=k.metadata_max_age_ms,
             **kafka_security_kwargs(k),
         )
         consumer.subscribe([k.topics.spans, k.topics.control], listener=_Rebalance(self))

@@ -44,6 +44,7 @@ kafka:
   fetch_max_wait_ms: 10
   request_timeout_ms: 30000
   session_timeout_ms: 10000
+  metadata_max_age_ms: 30000
   security:
     protocol: PLAINTEXT
     sasl_mechanism: ""
