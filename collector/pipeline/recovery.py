@@ -50,6 +50,13 @@ if not cur or cur == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) end
 return 0
 """
 
+#: KEYS[1] lost_at, ARGV[1] a loss time: raise the shared loss time to it (never lower it).
+_RAISE_LOST_AT = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1] end
+return tostring(cur)
+"""
+
 
 class Recovery:
     name = "pipeline/recovery"
@@ -128,11 +135,24 @@ class Recovery:
                 return f"maxmemory {int(limit):,} bytes with maxmemory-policy {policy}"
         return None
 
+    async def note_lost(self, at_ms: int) -> int:
+        """Record that evidence before ``at_ms`` was lost without Redis losing its data (spans deleted
+        from Kafka before they were read): the shared loss time moves up to it, never back, so every
+        instance judges expectations created before it with ``state_lost``. Returns the loss time."""
+        raw = await self.store.redis.eval(_RAISE_LOST_AT, 1, self.store.k.lost_at, at_ms)
+        self.lost_at_ms = max(self.lost_at_ms, int(raw or 0))
+        return self.lost_at_ms
+
     async def check(self) -> bool:
-        """True if Redis lost its data since this instance adopted the epoch."""
+        """True if Redis lost its data since this instance adopted the epoch. Also follows the shared
+        loss time (``note_lost`` by another instance)."""
         r = self.store.redis
         raw = await r.get(self.store.k.epoch)
         current = raw.decode() if isinstance(raw, bytes) else raw
+        if current is not None and current == self.epoch:
+            lost = await r.get(self.store.k.lost_at)  # two keys, two slots on a cluster: no MGET
+            if lost is not None:
+                self.lost_at_ms = max(self.lost_at_ms, int(lost))
         if current is None or current != self.epoch:
             return True
         for key in self.canary_keys():

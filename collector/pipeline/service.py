@@ -36,7 +36,7 @@ from collector.processors.resp import RedisClient
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
 from collector.telemetry.logs import throttle_logs
-from collector.telemetry.metrics import DEPENDENCY_FAILURES, TRACES_IN_STATE
+from collector.telemetry.metrics import DEPENDENCY_FAILURES, RECORDS_SKIPPED, TRACES_IN_STATE
 
 log = logging.getLogger("toolwitness.service")
 
@@ -281,6 +281,8 @@ class ToolwitnessService:
         while not self._stopping.is_set():
             self._last_loop = time.monotonic()
             batch = await receiver.poll()
+            if receiver.unchecked:  # after a rebalance, before its partitions' first batch is judged
+                await self._note_skipped_records()
             if not batch:
                 await self._publish_watermarks()
                 continue
@@ -305,6 +307,29 @@ class ToolwitnessService:
                 self.outages["batch"].ok()
                 await receiver.commit(result.offsets)
             await self._publish_watermarks()
+
+    async def _note_skipped_records(self) -> None:
+        """Records deleted (retention) before this group read them are skipped by the consumer
+        without a word: their spans are lost evidence, as after a Redis loss. Said (a warning, a
+        metric) and, for the spans topic, recorded as the shared loss time, so no expectation
+        created until now is judged absent on what is left of its traces (never FALSE for it)."""
+        skipped = await self.receiver.skipped_records()
+        if not skipped:
+            return
+        spans = False
+        for tp, committed, first in skipped:
+            RECORDS_SKIPPED.labels(self.name, tp.topic, str(tp.partition)).inc(first - committed)
+            spans |= tp.topic == self.cfg.kafka.topics.spans
+            log.warning(
+                "%s/%d: offsets %d to %d were deleted before this group read them (retention shorter than "
+                "the time the group was away or behind): %d record(s) skipped%s",
+                tp.topic, tp.partition, committed, first - 1, first - committed,
+                "; evidence of expectations created until now is marked state_lost (never FALSE)" if tp.topic
+                == self.cfg.kafka.topics.spans else " (control records: their expectations, markers or cancels "
+                "are lost)",
+            )
+        if spans:
+            self.engine.lost_at_ms = await self.recovery.note_lost(int(time.time() * 1000))
 
     async def _probe_loop(self) -> None:
         """Every ``KAFKA_PROBE_EVERY_S``: do the brokers answer? A Kafka outage is invisible to the
@@ -389,6 +414,8 @@ class ToolwitnessService:
                 await self.recovery.recover(self.receiver)
                 self.engine.lost_at_ms = self.recovery.lost_at_ms
                 self.store.counts_lost()
+        # a loss another instance noted (records deleted before it read them)
+        self.engine.lost_at_ms = max(self.engine.lost_at_ms, self.recovery.lost_at_ms)
         now = int(time.time() * 1000)
         k = self.store.k
         watermark = await self.watermarks.global_watermark(now)

@@ -51,6 +51,8 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         spans = self.receiver.cfg.topics.spans
         self.receiver.on_assigned({tp.partition for tp in assigned if tp.topic == spans})
+        # checked by the poll loop before the next batch is processed (``skipped_records``)
+        self.receiver.unchecked.update(assigned)
 
 
 class KafkaOTLPReceiver:
@@ -69,6 +71,8 @@ class KafkaOTLPReceiver:
         self.batch_lock = batch_lock
         self.on_assigned = on_assigned
         self.consumer: AIOKafkaConsumer | None = None
+        #: partitions assigned since ``skipped_records`` last looked at them
+        self.unchecked: set[TopicPartition] = set()
 
     async def start(self) -> None:
         if self.consumer is not None:
@@ -145,6 +149,28 @@ class KafkaOTLPReceiver:
         consumer = self._require()
         partitions = list(consumer.assignment()) or [TopicPartition(self.cfg.topics.spans, 0)]
         await consumer.end_offsets(partitions)
+
+    async def skipped_records(self) -> list[tuple[TopicPartition, int, int]]:
+        """(partition, committed offset, first offset in the log) of each partition assigned since
+        the last call whose committed offset is no longer in the log: the records in between were
+        deleted (retention) before this group read them, and the consumer, reset to the earliest
+        offset, skips them without a word. Empty when every committed offset is still readable (or
+        the group has none: a new group reads from the start anyway). One ListOffsets request and
+        one OffsetFetch per partition, only after a rebalance; a partition that cannot be checked
+        now (it moved again, the broker did not answer) is left unchecked, not retried."""
+        tps, self.unchecked = sorted(self.unchecked), set()
+        consumer = self._require()
+        tps = [tp for tp in tps if tp in consumer.assignment()]
+        if not tps:
+            return []
+        try:
+            first = await consumer.beginning_offsets(tps)
+            committed = {tp: await consumer.committed(tp) for tp in tps}
+        except Exception as exc:  # only a check: never a reason to stop consuming
+            log.warning("%s: could not check %d assigned partition(s) for records lost to retention: %r",
+                        self.name, len(tps), exc)
+            return []
+        return [(tp, c, first[tp]) for tp, c in committed.items() if c is not None and tp in first and c < first[tp]]
 
     def rewind(self, batch: Batch) -> None:
         """Seek every partition of a failed batch back to its first record (nothing was committed)."""

@@ -124,6 +124,13 @@ STATE_LOSSES = Counter(
     ["component"],
     registry=REGISTRY,
 )
+RECORDS_SKIPPED = Counter(
+    "toolwitness_records_skipped",
+    "Records deleted from a partition (retention) before the group read them, found after a rebalance "
+    "(the committed offset was no longer in the log); spans lost so: evidence marked state_lost.",
+    ["component", "topic", "partition"],
+    registry=REGISTRY,
+)
 BATCH_SECONDS = Histogram(
     "toolwitness_batch_seconds",
     "Time to process one consumed batch through the commit protocol.",
