@@ -24,6 +24,8 @@ from collector.telemetry.metrics import COMMIT_FAILURES, CONSUMER_LAG
 log = logging.getLogger("toolwitness.receiver.kafka_otlp")
 
 REBALANCE_DEADLINE_S = 20.0
+#: the check for records lost to retention after a rebalance (``skipped_records``) waits at most this long
+SKIP_CHECK_TIMEOUT_S = 5.0
 
 Batch = Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
 
@@ -164,8 +166,9 @@ class KafkaOTLPReceiver:
         if not tps:
             return []
         try:
-            first = await consumer.beginning_offsets(tps)
-            committed = {tp: await consumer.committed(tp) for tp in tps}
+            async with asyncio.timeout(SKIP_CHECK_TIMEOUT_S):  # in the poll loop: bounded
+                first = await consumer.beginning_offsets(tps)
+                committed = {tp: await consumer.committed(tp) for tp in tps}
         except Exception as exc:  # only a check: never a reason to stop consuming
             log.warning("%s: could not check %d assigned partition(s) for records lost to retention: %r",
                         self.name, len(tps), exc)
