@@ -169,8 +169,13 @@ class KafkaExporter:
         if len(value) > room:
             headers.append(("toolwitness-dlq-truncated-from", str(len(value)).encode()))
             value = value[:room]
-        DLQ_RECORDS.labels(self.name, d.reason).inc()
         await self._send(self.cfg.topics.dlq, d.key, value, headers)
+
+    def count_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        """``toolwitness_dlq_records_total`` for dead letters delivered (after ``flush``): a batch
+        retried after a failed delivery sends its dead letters again but counts them once."""
+        for d in letters:
+            DLQ_RECORDS.labels(self.name, d.reason).inc()
 
     def _dead_letter_room(self, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
         """How much of a dead letter's value is kept: ``DLQ_PREVIEW_BYTES``, less where the DLQ

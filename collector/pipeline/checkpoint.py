@@ -228,6 +228,7 @@ class Checkpoint:
         res.dead_letters = len(dead)
         await self.exporter.flush()
         # Done: what it held is counted (once; a failed attempt above raised before this).
+        self.exporter.count_dead_letters(dead)
         self._records_control.inc(control_records)
         self._records_spans.inc(res.records - control_records)
         self._spans_in.inc(res.spans)

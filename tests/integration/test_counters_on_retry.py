@@ -3,8 +3,9 @@
 A batch that fails on a dependency (Redis or Kafka away) is not committed and is consumed again
 from its first offset, decoded again, until it goes through. toolwitness_spans_received_total and
 toolwitness_records_received_total counted at decode time, so every retry counted the batch again
-(a reviewer saw 270 spans counted for 30 sent over a 40 s Redis outage); they count a batch once
-it is done now, as the DLQ counter always did.
+(a reviewer saw 270 spans counted for 30 sent over a 40 s Redis outage), and the DLQ counter as a
+dead letter was handed to the producer (a batch whose deliveries failed counted it again); all
+count a batch once it is done now.
 
 The failure is injected in-process (the trace-state store's apply raises the error a Redis outage
 gives, for the first batches that carry spans), on the shared Kafka and Redis.
@@ -85,3 +86,33 @@ async def test_a_retried_batch_is_counted_once(kafka_bootstrap: str, redis_url: 
         assert DEPENDENCY_FAILURES.labels("service", "batch")._value.get() - failed0 >= FAILURES
         assert got == expected, f"counted {got} for {expected} after {FAILURES} failed batches"
         print(f"\n[counters] {FAILURES} batches failed and retried; counted once: {got}")
+
+
+async def test_a_dead_letter_whose_batch_is_retried_is_counted_once(kafka_bootstrap: str, redis_url: str) -> None:
+    """The DLQ counter went up as each dead letter was handed to the producer, so a batch whose
+    deliveries then failed (Kafka away, a DLQ topic refusing the record) counted its dead letters
+    again on every retry (a reviewer saw 7 for one record). It counts a batch that went through."""
+    from collector.exporters.base import ExportError
+
+    cfg = make_config(kafka_bootstrap, redis_url)
+    async with open_stack(cfg) as s, service_and_task(cfg) as (svc, task):
+        before = counts()["dlq"]
+        flush = svc.exporter.flush
+        failed = 0
+
+        async def failing_flush() -> None:
+            nonlocal failed
+            if failed < FAILURES and any(True for _ in svc.exporter._pending):  # deliveries in flight
+                failed += 1
+                svc.exporter._pending.clear()
+                raise ExportError("injected: deliveries failed")
+            await flush()
+
+        svc.exporter.flush = failing_flush  # type: ignore[method-assign]
+        await s.send(s.topics.spans, [("bad", b"\xff not otlp")])
+        with fail_on_timeout(lambda: f"dead letter not counted; failed={failed}; loop done={task.done()}"):
+            await until(lambda: counts()["dlq"] - before >= 1 and failed == FAILURES, timeout=30)
+        async with svc.batch_lock:
+            got = counts()["dlq"] - before
+        assert not task.done(), ended(task)
+        assert got == 1.0, f"counted {got} dead letters for one record after {FAILURES} failed deliveries"
