@@ -262,6 +262,16 @@ class ServiceConfig(_Section):
         default_factory=lambda: {"tools": ScorerTreeConfig(type="otel_tool_call")}
     )
     admin: AdminConfig = AdminConfig()
+
+    @field_validator("scorers")
+    @classmethod
+    def _some_tree(cls, v: dict[str, ScorerTreeConfig]) -> dict[str, ScorerTreeConfig]:
+        if not v:
+            raise ValueError(
+                "no scorer tree: every expectation names one, so each would be dead-lettered (unknown_scorer); "
+                "name at least one, or leave `scorers:` out for the default `tools` tree"
+            )
+        return v
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     #: name of this instance in logs and metrics (defaults to host:pid).
     instance: str = ""

@@ -556,3 +556,11 @@ def test_a_session_timeout_the_brokers_refuse_is_named_at_start() -> None:
     line = _start_failure(cfg, InvalidSessionTimeoutError())
     assert line.startswith("kafka.session_timeout_ms (4000) is refused by the brokers"), line
     assert "group.min.session.timeout.ms" in line
+
+
+def test_an_empty_scorers_section_is_refused(tmp_path: Path) -> None:
+    """`scorers: {}` loaded, and every expectation was then dead-lettered as unknown_scorer."""
+    p = tmp_path / "c.yaml"
+    p.write_text("scorers: {}\n")
+    with pytest.raises(ConfigError, match=r"scorers.*no scorer tree.*leave `scorers:` out"):
+        load_config(p, env={})
