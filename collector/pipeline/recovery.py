@@ -36,6 +36,7 @@ from collector.client import topic_partitions
 from collector.config import ServiceConfig
 from collector.exporters.kafka import kafka_security_kwargs
 from collector.processors.trace_state import TraceStateStore
+from collector.processors.trace_state import _s as as_text  # bytes or str reply -> str
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
 from collector.telemetry.metrics import STATE_LOSSES
 from collector.wire.convert import decode_score_event
@@ -129,7 +130,7 @@ class Recovery:
         reply: dict[Any, Any] = dict(raw)
         answers: list[dict[Any, Any]] = [v for v in reply.values() if isinstance(v, dict)] or [reply]
         for answer in answers:
-            conf = {_text(k): _text(v) for k, v in answer.items()}
+            conf = {as_text(k): as_text(v) for k, v in answer.items()}
             policy, limit = conf.get("maxmemory-policy", ""), conf.get("maxmemory", "0")
             if policy and policy != "noeviction" and limit.isdigit() and int(limit) > 0:
                 return f"maxmemory {int(limit):,} bytes with maxmemory-policy {policy}"
@@ -231,7 +232,3 @@ class Recovery:
         finally:
             await consumer.stop()
         return restored
-
-
-def _text(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
