@@ -59,11 +59,14 @@ def run(config: ConfigOpt = None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.request_stop)
         try:
-            await service.start()
+            started = await service.start_unless_stopped()
         except Exception as exc:
             with contextlib.suppress(Exception):
                 await service.shutdown()
             raise _StartFailed(_start_failure(cfg, exc)) from exc
+        if not started:  # SIGTERM while starting: nothing consumed, nothing to commit
+            await service.shutdown()
+            return
         try:
             await service.run()
         finally:

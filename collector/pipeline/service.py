@@ -249,6 +249,27 @@ class ToolwitnessService:
     def request_stop(self) -> None:
         self._stopping.set()
 
+    async def start_unless_stopped(self) -> bool:
+        """``start()``, given up as soon as a stop is requested: False if it was (the caller shuts
+        down). A start waits on Kafka and Redis, up to a minute per step when one accepts connections
+        but does not answer; a SIGTERM then (a rollout while Kafka is down) ends the process now,
+        not after the step's timeout -- past the pod's grace period, which ends in a SIGKILL."""
+        starting = asyncio.create_task(self.start(), name=f"service-start-{self.instance}")
+        stopping = asyncio.create_task(self._stopping.wait(), name=f"service-stop-wait-{self.instance}")
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if starting.done():
+            starting.result()  # a start that failed raises as ``start()`` does
+            return True
+        starting.cancel()
+        await asyncio.wait({starting})
+        if not starting.cancelled() and starting.exception() is not None:  # failed as it was cancelled
+            log.debug("service %s: start failed as it was given up", self.instance, exc_info=starting.exception())
+        log.info("service %s: stop requested while starting; not started", self.instance)
+        return False
+
     @contextlib.asynccontextmanager
     async def serving(self, *, start_timeout: float | None = None) -> AsyncIterator[asyncio.Task[None]]:
         """Start, run the poll loop in a task (yielded), and on exit stop it and shut down.

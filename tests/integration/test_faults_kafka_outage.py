@@ -12,6 +12,9 @@ shared one is never touched; the trace state is in the shared Redis under the st
   traceback (aiokafka's consumer.stop() raised a CancelledError out of its fetcher, which ended the
   shutdown before the exporter, the admin server and Redis were closed: exit 1).
 
+- A SIGTERM while the service is still starting against a broker that accepts connections and never
+  answers ends the process at once (exit 0), instead of after the start step's timeout (~31 s).
+
 - A probe that gets no answer while the fetches still work (a partial outage) holds up no batch:
   records are scored in a fraction of KAFKA_PROBE_TIMEOUT_S while the outage is reported, and the
   probe stops at once on shutdown. Before, the probe ran in the poll loop: every record waited for
@@ -114,6 +117,42 @@ async def test_sigterm_while_kafka_is_down_exits_cleanly(redis_url: str, tmp_pat
         print(f"\n[kafka down, SIGTERM] exit {rc} in {took:.1f}s; last line: {last}")
 
 
+
+
+async def test_sigterm_while_starting_against_a_silent_kafka_exits_at_once(redis_url: str, tmp_path: Path) -> None:
+    """A broker address that accepts connections and never answers (a broker hung, or a load
+    balancer in front of none): each start step waits for its timeout. A SIGTERM then (a rollout
+    during the outage) ends the process at once; before, it waited out the step (~31 s, past a
+    Kubernetes grace period of 30 s: a SIGKILL)."""
+    accepted = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # kept open, never written to
+        accepted.set()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    cfg = make_config(f"127.0.0.1:{port}", redis_url, admin={"host": "127.0.0.1", "port": 0})
+    proc = ServiceProcess(write_config(cfg, tmp_path / "toolwitness.yaml"), tmp_path / "service.log")
+    try:
+        await proc.start()
+        with fail_on_timeout(lambda: f"the service never reached Kafka:\n{proc.log_tail()}"):
+            await asyncio.wait_for(accepted.wait(), timeout=60)
+        sent = time.monotonic()
+        rc = await proc.stop(timeout=20)
+        took = time.monotonic() - sent
+        tail = proc.log_tail(40)
+        assert rc == 0, f"exit status {rc} after SIGTERM while starting:\n{tail}"
+        assert took < 10, f"SIGTERM while starting took {took:.1f}s:\n{tail}"
+        assert "stop requested while starting" in log_text(proc), tail
+        assert "Traceback" not in log_text(proc), tail
+    finally:
+        await proc.stop()
+        for w in held:
+            w.close()
+        server.close()
+        await server.wait_closed()
 
 
 async def test_kafka_outage_is_reported_and_ridden_out(redis_url: str, tmp_path: Path) -> None:
