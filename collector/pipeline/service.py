@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -131,6 +131,25 @@ def redis_client(cfg: RedisConfig, password: str | None) -> RedisClient:
     return Redis.from_url(
         cfg.url, password=password, decode_responses=False, socket_timeout=t, socket_connect_timeout=t, **tls
     )
+
+
+#: series of ``toolwitness_traces_in_state`` at most: the tenant comes from the agents' resource
+#: attributes, so a misconfigured agent (a tenant per session) must not flood the metrics backend
+TENANT_SERIES_MAX = 100
+#: the series that sums the tenants beyond the largest ``TENANT_SERIES_MAX - 1``: not a tenant
+#: name (the tenant rule has no parentheses), so it never merges with a real tenant's series
+OTHER_TENANTS = "(other)"
+
+
+def tenant_series(counts: Mapping[str, int]) -> dict[str, int]:
+    """``counts`` as gauge series: every tenant when they fit, else the largest ones and one
+    ``OTHER_TENANTS`` series with the rest (the total stays right)."""
+    if len(counts) <= TENANT_SERIES_MAX:
+        return dict(counts)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = dict(ranked[: TENANT_SERIES_MAX - 1])
+    kept[OTHER_TENANTS] = sum(n for _, n in ranked[TENANT_SERIES_MAX - 1 :])
+    return kept
 
 
 class ToolwitnessService:
@@ -500,7 +519,7 @@ class ToolwitnessService:
             await self.store.flush_counts()
             return
         self._gauged_at = now
-        counts = await self.store.count_traces()
+        counts = tenant_series(await self.store.count_traces())
         component = self.store.name
         for tenant, n in counts.items():
             TRACES_IN_STATE.labels(component, tenant).set(n)

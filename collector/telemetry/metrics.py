@@ -54,7 +54,8 @@ TRACES_IN_STATE = Gauge(
     "Traces whose state Redis holds now (created, not yet expired or reclaimed), by tenant. Counted in Redis, "
     "so every instance reports the same figure (aggregate with max, not sum); refreshed by the sweeper every "
     "15 s. A state is counted until the end of the expiry bucket it falls in (redis.state_ttl_seconds / 100, "
-    "1 to 60 s): at most that long after it expired.",
+    "1 to 60 s): at most that long after it expired. At most 100 series: beyond that, the largest 99 tenants and "
+    "tenant=\"(other)\" with the rest.",
     ["component", "tenant"],
     registry=REGISTRY,
 )

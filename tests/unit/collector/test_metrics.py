@@ -107,3 +107,41 @@ async def test_traces_in_state_is_set_per_tenant_and_a_tenant_no_longer_counted_
     await service.refresh_traces_gauge()
     assert flushed == [1] and sample("unit-a") == 2
     await service.redis.aclose()
+
+
+async def test_traces_in_state_keeps_a_bounded_number_of_series_whatever_the_tenants() -> None:
+    """Tenants come from the agents' resource attributes: one per session (a misconfigured agent)
+    must not make a series each. The largest keep theirs; the rest are summed in one."""
+    from collector.config import ServiceConfig
+    from collector.pipeline.service import OTHER_TENANTS, TENANT_SERIES_MAX, ToolwitnessService
+    from collector.telemetry.metrics import TRACES_IN_STATE
+
+    TRACES_IN_STATE.clear()  # the process-wide registry: series other tests set
+    service = ToolwitnessService(ServiceConfig())
+    service.traces_gauge_every_s = 0
+    many = {f"sess-{i:05d}": 1 for i in range(5000)} | {"big-a": 70, "big-b": 50}
+
+    async def count_traces() -> dict[str, int]:
+        return many
+
+    async def flush_counts() -> None:
+        return None
+
+    service.store.count_traces = count_traces  # type: ignore[method-assign]
+    service.store.flush_counts = flush_counts  # type: ignore[method-assign]
+    await service.refresh_traces_gauge()
+    series = {
+        s.labels["tenant"]: s.value
+        for m in REGISTRY.collect() if m.name == "toolwitness_traces_in_state"
+        for s in m.samples if s.labels.get("component") == "processor/trace_state"
+    }
+    assert len(series) == TENANT_SERIES_MAX
+    assert series["big-a"] == 70 and series["big-b"] == 50
+    assert sum(series.values()) == sum(many.values())  # nothing lost from the total
+    assert series[OTHER_TENANTS] == 5000 - (TENANT_SERIES_MAX - 3)
+    many = {"big-a": 1}  # back under the bound: the summed series goes
+    await service.refresh_traces_gauge()
+    assert REGISTRY.get_sample_value(
+        "toolwitness_traces_in_state", {"component": "processor/trace_state", "tenant": OTHER_TENANTS}
+    ) is None
+    await service.redis.aclose()
