@@ -208,8 +208,18 @@ class Checkpoint:
         for (tenant, _session), ids in (await self.store.revise_sessions(broken)).items():
             work.revisions.update((tenant, d) for d in ids)
         # Span batches never carry authority: only control records register or complete.
-        for rec, msg in controls:
-            await self._control(rec, msg, work, waits, dead, watermark)
+        i = 0
+        while i < len(controls):
+            # consecutive expectations are registered together; anything else in its order
+            j = i
+            while j < len(controls) and controls[j][1].WhichOneof("message") == "expectation":
+                j += 1
+            if j > i:
+                await self._register(controls[i:j], work, dead)
+                i = j
+            else:
+                await self._control(*controls[i], work, waits, dead, watermark)
+                i += 1
         await self.store.await_watermark(waits)
 
         # 2. decide (compare-and-set) + 3. produce + 4. mark published, one slice of outcomes at a
@@ -290,6 +300,100 @@ class Checkpoint:
         )
         return dataclasses.replace(exp, deadline_ms=latest)
 
+    async def _register(
+        self,
+        run: Sequence[tuple[ConsumerRecord[bytes, bytes], Any]],
+        work: Work,
+        dead: list[DeadLetter],
+    ) -> None:
+        """Expectation records (consecutive ones of a batch): decoded and checked one by one, then
+        stored and indexed together (two round trips for the whole run, not two each), then each
+        judged as ``_control`` judged it alone -- the same id twice is known the second time."""
+        default_tenant = self.cfg.tenant.default
+        valid: list[tuple[ConsumerRecord[bytes, bytes], Any, RegisteredExpectation]] = []
+        for rec, msg in run:
+            try:
+                valid.append((rec, msg, self._expectation(rec, msg)))
+            except ControlDecodeError as exc:
+                dead.append(self._dead(rec, exc.reason, exc.detail, tenant=_control_tenant(msg, default_tenant)))
+        created = await self.store.register_many([exp for _, _, exp in valid])
+        for (rec, msg, exp), new in zip(valid, created, strict=True):
+            try:
+                await self._registered(exp, new, work)
+            except ControlDecodeError as exc:
+                dead.append(self._dead(rec, exc.reason, exc.detail, tenant=_control_tenant(msg, default_tenant)))
+
+    def _expectation(self, rec: ConsumerRecord[bytes, bytes], msg: Any) -> RegisteredExpectation:
+        """The expectation a control record registers, checked as far as it can be without Redis;
+        ``ControlDecodeError`` (to the DLQ) for what can never be scored."""
+        default_tenant = self.cfg.tenant.default
+        try:
+            exp = expectation_from_proto(
+                msg.expectation,
+                default_tenant=default_tenant,
+                default_deadline_s=self.cfg.completion.default_deadline_seconds,
+                # The record's own time, not ours: a replay (crash, data-loss recovery)
+                # gives the expectation the same creation time and deadline again.
+                now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
+            )
+        except (ArithmeticError, ValueError, TypeError) as exc:
+            # Pure decoding: whatever it cannot take is this record's fault, never a reason
+            # to stop the loop (a replay would fail the same way forever).
+            if isinstance(exc, ControlDecodeError):
+                raise
+            raise ControlDecodeError("invalid_expectation", f"{type(exc).__name__}: {exc}"[:300]) from None
+        exp = self._within_retention(exp)
+        half = self.cfg.limits.max_observation_bytes // 2
+        # Measured only when the bound (every character escaped) does not settle it.
+        if scope_bytes_bound(exp.scope) > half and (
+            size := scope_record_bytes(exp.scope, self.cfg.kafka.output_format)
+        ) > half:
+            # Its observations could never be published (the scope is part of each).
+            raise ControlDecodeError(
+                "expectation_too_large",
+                f"the scope's text and trace ids take {size:,} bytes of each observation record; at most "
+                f"half of limits.max_observation_bytes ({self.cfg.limits.max_observation_bytes:,}) is allowed",
+            )
+        tree = self.engine.decider.trees.get(exp.scorer)
+        if tree is None:
+            raise ControlDecodeError("unknown_scorer", f"scorer tree {exp.scorer!r} is not configured")
+        try:
+            tree.validate(exp.expectation)  # before it is stored: never a poison pill later
+        except ScorerConfigurationError as exc:
+            raise ControlDecodeError("unscorable_expectation", str(exc)) from None
+        return exp
+
+    async def _registered(self, exp: RegisteredExpectation, created: bool, work: Work) -> None:
+        """After ``register``: a new expectation is judged now; a known id is a replay, a retry, or
+        a reuse (``ControlDecodeError``)."""
+        if created:
+            self.engine.remember(exp)
+            work.add(exp.tenant, [exp.expectation_id], "expectation")
+        elif (known := await self.store.load_expectations(exp.tenant, [exp.expectation_id])).get(
+            exp.expectation_id
+        ) not in (None, exp) and not await self._retried(known[exp.expectation_id], exp):
+            # Not a replay of the record that registered it (that one is identical, its own
+            # timestamp included) nor a caller's retry of it: another expectation under a
+            # used id -- another definition, or the same one sent again after a cancel. It
+            # would never be scored; say so.
+            pending = await self.store.undecided(exp.tenant, exp.expectation_id)
+            raise ControlDecodeError(
+                "expectation_id_reused",
+                f"expectation {exp.expectation_id!r} of tenant {exp.tenant!r} is already registered "
+                f"({'pending' if pending else 'cancelled or decided'}, created at "
+                f"{known[exp.expectation_id].created_ms} ms); register a new one under a new id",
+            )
+        elif await self.store.undecided(exp.tenant, exp.expectation_id):
+            # A replay after a crash between registering and deciding: nothing else may
+            # ever re-trigger it (its spans can be committed already), so decide it now.
+            work.add(exp.tenant, [exp.expectation_id], "expectation")
+        elif known.get(exp.expectation_id) == exp and await self.store.unindexed(exp):
+            # A replay after a crash between storing it and indexing it: index it now (else
+            # it would never be decided, nor given its deadline).
+            await self.store.index_expectation(exp)
+            self.engine.remember(exp)
+            work.add(exp.tenant, [exp.expectation_id], "expectation")
+
     async def _control(
         self,
         rec: ConsumerRecord[bytes, bytes],
@@ -303,67 +407,7 @@ class Checkpoint:
         default_tenant = self.cfg.tenant.default
         try:
             if kind == "expectation":
-                try:
-                    exp = expectation_from_proto(
-                        msg.expectation,
-                        default_tenant=default_tenant,
-                        default_deadline_s=self.cfg.completion.default_deadline_seconds,
-                        # The record's own time, not ours: a replay (crash, data-loss recovery)
-                        # gives the expectation the same creation time and deadline again.
-                        now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
-                    )
-                except (ArithmeticError, ValueError, TypeError) as exc:
-                    # Pure decoding: whatever it cannot take is this record's fault, never a reason
-                    # to stop the loop (a replay would fail the same way forever).
-                    if isinstance(exc, ControlDecodeError):
-                        raise
-                    raise ControlDecodeError("invalid_expectation", f"{type(exc).__name__}: {exc}"[:300]) from None
-                exp = self._within_retention(exp)
-                half = self.cfg.limits.max_observation_bytes // 2
-                # Measured only when the bound (every character escaped) does not settle it.
-                if scope_bytes_bound(exp.scope) > half and (
-                    size := scope_record_bytes(exp.scope, self.cfg.kafka.output_format)
-                ) > half:
-                    # Its observations could never be published (the scope is part of each).
-                    raise ControlDecodeError(
-                        "expectation_too_large",
-                        f"the scope's text and trace ids take {size:,} bytes of each observation record; at most "
-                        f"half of limits.max_observation_bytes ({self.cfg.limits.max_observation_bytes:,}) is allowed",
-                    )
-                tree = self.engine.decider.trees.get(exp.scorer)
-                if tree is None:
-                    raise ControlDecodeError("unknown_scorer", f"scorer tree {exp.scorer!r} is not configured")
-                try:
-                    tree.validate(exp.expectation)  # before it is stored: never a poison pill later
-                except ScorerConfigurationError as exc:
-                    raise ControlDecodeError("unscorable_expectation", str(exc)) from None
-                if await self.store.register(exp):
-                    self.engine.remember(exp)
-                    work.add(exp.tenant, [exp.expectation_id], "expectation")
-                elif (known := await self.store.load_expectations(exp.tenant, [exp.expectation_id])).get(
-                    exp.expectation_id
-                ) not in (None, exp) and not await self._retried(known[exp.expectation_id], exp):
-                    # Not a replay of the record that registered it (that one is identical, its own
-                    # timestamp included) nor a caller's retry of it: another expectation under a
-                    # used id -- another definition, or the same one sent again after a cancel. It
-                    # would never be scored; say so.
-                    pending = await self.store.undecided(exp.tenant, exp.expectation_id)
-                    raise ControlDecodeError(
-                        "expectation_id_reused",
-                        f"expectation {exp.expectation_id!r} of tenant {exp.tenant!r} is already registered "
-                        f"({'pending' if pending else 'cancelled or decided'}, created at "
-                        f"{known[exp.expectation_id].created_ms} ms); register a new one under a new id",
-                    )
-                elif await self.store.undecided(exp.tenant, exp.expectation_id):
-                    # A replay after a crash between registering and deciding: nothing else may
-                    # ever re-trigger it (its spans can be committed already), so decide it now.
-                    work.add(exp.tenant, [exp.expectation_id], "expectation")
-                elif known.get(exp.expectation_id) == exp and await self.store.unindexed(exp):
-                    # A replay after a crash between storing it and indexing it: index it now (else
-                    # it would never be decided, nor given its deadline).
-                    await self.store.index_expectation(exp)
-                    self.engine.remember(exp)
-                    work.add(exp.tenant, [exp.expectation_id], "expectation")
+                await self._register([(rec, msg)], work, dead)
             elif kind == "completion":
                 m = msg.completion
                 check_marker(m)

@@ -280,6 +280,12 @@ class RedisVersionError(RedisError):
     """The Redis server is older than the version the state scripts need."""
 
 
+def _definition_ttl_ms(ttl_ms: int, exp: RegisteredExpectation) -> int:
+    """How long an expectation's definition (and its indexed / cancelled marks) live: past its
+    deadline by an hour, and never less than the state's ttl."""
+    return max(ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)
+
+
 class TraceStateStore:
     """The trace-state processor's Redis side. Scripts are registered once at start-up."""
 
@@ -616,15 +622,21 @@ class TraceStateStore:
 
     async def register(self, exp: RegisteredExpectation) -> bool:
         """Store an expectation and index it under its traces/session. False if already known."""
-        ttl = max(self.ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)
-        created = await self.redis.set(
-            self.k.expectation(exp.tenant, exp.expectation_id), exp.to_json(), px=ttl, nx=True
-        )
-        if not created:
-            return False
-        await self.index_expectation(exp)
-        return True
+        return (await self.register_many([exp]))[0]
 
+    async def register_many(self, exps: Sequence[RegisteredExpectation]) -> list[bool]:
+        """``register`` for each of ``exps``, in two round trips whatever their number (store the
+        definitions; index the new ones). The same id twice: the first is stored, the second is
+        known (False), as when they come one after the other."""
+        if not exps:
+            return []
+        cmds = Commands()
+        for exp in exps:
+            cmds.add("SET", self.k.expectation(exp.tenant, exp.expectation_id), exp.to_json(), "PX",
+                     _definition_ttl_ms(self.ttl_ms, exp), "NX")
+        created = [r is not None for r in await self._execute(cmds)]
+        await self.index_expectations([e for e, new in zip(exps, created, strict=True) if new])
+        return created
     async def unindexed(self, exp: RegisteredExpectation) -> bool:
         """Stored but never indexed: the process died between storing the definition and indexing
         it. Indexing leaves a marker that lives as long as the definition (a decision may expire
@@ -641,39 +653,56 @@ class TraceStateStore:
     async def mark_cancelled(self, exp: RegisteredExpectation) -> None:
         """Remember a cancellation as long as the definition lives (a replayed registration is not
         an unindexed one)."""
-        ttl = max(self.ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)
+        ttl = _definition_ttl_ms(self.ttl_ms, exp)
         await self.redis.set(self.k.cancelled(exp.tenant, exp.expectation_id), 1, px=ttl)
 
     async def index_expectation(self, exp: RegisteredExpectation) -> None:
         """Index a stored expectation under its traces/session and give it its deadline (idempotent)."""
+        await self.index_expectations([exp])
+
+    async def index_expectations(self, exps: Sequence[RegisteredExpectation]) -> None:
+        """``index_expectation`` for each of ``exps``: one round trip (and one more for the traces
+        already linked to their sessions, if any)."""
         assert self._index is not None
+        if not exps:
+            return
         cmds = Commands()
-        for trace in exp.trace_ids():
-            cmds.evalsha(
-                self._index,
-                [self.k.state(exp.tenant, trace), self.k.tombstone(exp.tenant, trace)],
-                [self.ttl_ms, "add", 0, exp.expectation_id],
-            )
-        session = None if exp.trace_ids() else getattr(exp.scope, "session_id", None)
-        if session is not None:
-            cmds.add("SADD", self.k.session_pending(exp.tenant, session), exp.expectation_id)
-            cmds.add("PEXPIRE", self.k.session_pending(exp.tenant, session), self.ttl_ms)
-            # The session's trace set and the traces already in it live until the deadline at
-            # least (it is at most the ttl away): an idle session must not lose its evidence.
-            cmds.add("PEXPIRE", self.k.session_traces(exp.tenant, session), self.ttl_ms, "GT")
-            cmds.add("SMEMBERS", self.k.session_traces(exp.tenant, session))
-        cmds.add("ZADD", self.k.deadlines, exp.deadline_ms, member(exp.tenant, exp.expectation_id))
-        ttl = max(self.ttl_ms, exp.deadline_ms - exp.created_ms + 3_600_000)  # the definition's life
-        cmds.add("SET", self.k.indexed(exp.tenant, exp.expectation_id), 1, "PX", ttl)
+        #: per expectation: its tenant, how many index.lua replies, where its session's traces are
+        shape: list[tuple[str, int, int | None]] = []
+        for exp in exps:
+            first = len(cmds)
+            for trace in exp.trace_ids():
+                cmds.evalsha(
+                    self._index,
+                    [self.k.state(exp.tenant, trace), self.k.tombstone(exp.tenant, trace)],
+                    [self.ttl_ms, "add", 0, exp.expectation_id],
+                )
+            session = None if exp.trace_ids() else getattr(exp.scope, "session_id", None)
+            members: int | None = None
+            if session is not None:
+                cmds.add("SADD", self.k.session_pending(exp.tenant, session), exp.expectation_id)
+                cmds.add("PEXPIRE", self.k.session_pending(exp.tenant, session), self.ttl_ms)
+                # The session's trace set and the traces already in it live until the deadline at
+                # least (it is at most the ttl away): an idle session must not lose its evidence.
+                cmds.add("PEXPIRE", self.k.session_traces(exp.tenant, session), self.ttl_ms, "GT")
+                members = len(cmds)
+                cmds.add("SMEMBERS", self.k.session_traces(exp.tenant, session))
+            cmds.add("ZADD", self.k.deadlines, exp.deadline_ms, member(exp.tenant, exp.expectation_id))
+            cmds.add("SET", self.k.indexed(exp.tenant, exp.expectation_id), 1, "PX",
+                     _definition_ttl_ms(self.ttl_ms, exp))
+            shape.append((exp.tenant, first, members))
         replies = await self._execute(cmds)
-        self._indexed(exp.tenant, replies[: len(exp.trace_ids())])
-        if session is not None:
-            traces = sorted(_s(t) for t in replies[-3])
-            touch = Commands()
-            for trace in traces:
-                touch.evalsha(self._index, [self.k.state(exp.tenant, trace)], [self.ttl_ms, "touch", 0])
-            if traces:
-                self._indexed(exp.tenant, await self._execute(touch))
+        touch = Commands()
+        touched: list[str] = []  # the tenant of each touch
+        for exp, (tenant, first, members) in zip(exps, shape, strict=True):
+            self._indexed(tenant, replies[first : first + len(exp.trace_ids())])
+            if members is not None:
+                for trace in sorted(_s(t) for t in replies[members]):
+                    touch.evalsha(self._index, [self.k.state(tenant, trace)], [self.ttl_ms, "touch", 0])
+                    touched.append(tenant)
+        if touched:
+            for tenant, reply in zip(touched, await self._execute(touch), strict=True):
+                self._indexed(tenant, [reply])
 
     async def forget(self, exp: RegisteredExpectation) -> None:
         """Drop a cancelled expectation from every index (pending, and decided: nothing revises it)."""
