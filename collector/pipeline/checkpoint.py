@@ -87,6 +87,16 @@ def _only(tenants: set[str]) -> str | None:
     return next(iter(tenants)) if len(tenants) == 1 else None
 
 
+def _run_kind(msg: Any) -> str:
+    """What consecutive control records are taken together by (``""``: each alone)."""
+    kind: str = msg.WhichOneof("message")
+    if kind == "expectation":
+        return kind
+    if kind == "completion" and msg.completion.WhichOneof("target") == "trace_id":
+        return "trace_marker"
+    return ""
+
+
 def _control_tenant(msg: Any, default_tenant: str) -> str | None:
     """The tenant a decoded control message is for (its own, else the default), if it has one."""
     kind = msg.WhichOneof("message")
@@ -210,16 +220,19 @@ class Checkpoint:
         # Span batches never carry authority: only control records register or complete.
         i = 0
         while i < len(controls):
-            # consecutive expectations are registered together; anything else in its order
-            j = i
-            while j < len(controls) and controls[j][1].WhichOneof("message") == "expectation":
+            # consecutive expectations, and consecutive trace markers, are taken together (a round
+            # trip or two for the run, not per record); anything else alone; all in their order
+            kind = _run_kind(controls[i][1])
+            j = i + 1
+            while kind and j < len(controls) and _run_kind(controls[j][1]) == kind:
                 j += 1
-            if j > i:
+            if kind == "expectation":
                 await self._register(controls[i:j], work, dead)
-                i = j
+            elif kind == "trace_marker":
+                await self._complete_traces(controls[i:j], work, waits, dead, watermark)
             else:
                 await self._control(*controls[i], work, waits, dead, watermark)
-                i += 1
+            i = j
         await self.store.await_watermark(waits)
 
         # 2. decide (compare-and-set) + 3. produce + 4. mark published, one slice of outcomes at a
@@ -323,6 +336,50 @@ class Checkpoint:
             except ControlDecodeError as exc:
                 dead.append(self._dead(rec, exc.reason, exc.detail, tenant=_control_tenant(msg, default_tenant)))
 
+    async def _complete_traces(
+        self,
+        run: Sequence[tuple[ConsumerRecord[bytes, bytes], Any]],
+        work: Work,
+        waits: list[tuple[str, str, int]],
+        dead: list[DeadLetter],
+        watermark: int,
+    ) -> None:
+        """Trace completion markers (consecutive ones of a batch): recorded in one round trip, then
+        what each makes decidable is queued, and the complete traces with nothing left to decide
+        are reclaimed together."""
+        default_tenant = self.cfg.tenant.default
+        markers: list[tuple[str, str, int | None, int]] = []
+        for rec, msg in run:
+            m = msg.completion
+            try:
+                check_marker(m)
+            except ControlDecodeError as exc:
+                dead.append(self._dead(rec, exc.reason, exc.detail, tenant=_control_tenant(msg, default_tenant)))
+                continue
+            at = int(m.at.ToMilliseconds()) if m.HasField("at") else now_ms()
+            count = m.span_count if m.HasField("span_count") else None
+            markers.append((m.tenant or default_tenant, m.trace_id, count, at))
+        late: list[tuple[str, str]] = []
+        reclaim: list[tuple[str, str]] = []
+        results = await self.store.mark_complete_many(markers, watermark)
+        for (tenant, trace, count, at), result in zip(markers, results, strict=True):
+            pend, dec, state, sessions, late_sessions = result
+            work.states[(tenant, trace)] = state
+            work.add(tenant, pend, "marker")
+            work.revisions.update((tenant, d) for d in dec)
+            # the sessions it belongs to may be decidable now (their marker came first)
+            for session in sessions:
+                work.add(tenant, await self.store.session_pending(tenant, session), "marker")
+            late.extend((tenant, x) for x in late_sessions)
+            if count is None:
+                waits.append((tenant, trace, at + self.cfg.completion.allowed_lateness_ms))
+            elif not pend and state.span_count == count and not state.late:
+                # Complete and nothing left to decide (e.g. decided TRUE before the marker).
+                reclaim.append((tenant, trace))
+        for (t, _s), ids in (await self.store.revise_sessions(late)).items():
+            work.revisions.update((t, d) for d in ids)
+        await self.store.reclaim(reclaim)
+
     def _expectation(self, rec: ConsumerRecord[bytes, bytes], msg: Any) -> RegisteredExpectation:
         """The expectation a control record registers, checked as far as it can be without Redis;
         ``ControlDecodeError`` (to the DLQ) for what can never be scored."""
@@ -410,28 +467,12 @@ class Checkpoint:
                 await self._register([(rec, msg)], work, dead)
             elif kind == "completion":
                 m = msg.completion
-                check_marker(m)
-                tenant = m.tenant or default_tenant
-                at = int(m.at.ToMilliseconds()) if m.HasField("at") else now_ms()
-                count = m.span_count if m.HasField("span_count") else None
                 if m.WhichOneof("target") == "trace_id":
-                    pend, dec, state, sessions, late_sessions = await self.store.mark_complete(
-                        tenant, m.trace_id, count, at, watermark
-                    )
-                    work.states[(tenant, m.trace_id)] = state
-                    work.add(tenant, pend, "marker")
-                    work.revisions.update((tenant, d) for d in dec)
-                    # the sessions it belongs to may be decidable now (their marker came first)
-                    for session in sessions:
-                        work.add(tenant, await self.store.session_pending(tenant, session), "marker")
-                    for (t, _s), ids in (await self.store.revise_sessions((tenant, x) for x in late_sessions)).items():
-                        work.revisions.update((t, d) for d in ids)
-                    if count is None:
-                        waits.append((tenant, m.trace_id, at + self.cfg.completion.allowed_lateness_ms))
-                    elif not pend and state.span_count == count and not state.late:
-                        # Complete and nothing left to decide (e.g. decided TRUE before the marker).
-                        await self.store.reclaim([(tenant, m.trace_id)])
+                    await self._complete_traces([(rec, msg)], work, waits, dead, watermark)
                 else:
+                    check_marker(m)
+                    tenant = m.tenant or default_tenant
+                    at = int(m.at.ToMilliseconds()) if m.HasField("at") else now_ms()
                     work.add(tenant, await self.store.mark_session_complete(tenant, m.session_id, at), "marker")
                     # complete once the watermark passes it: the sweeper re-evaluates the session then
                     waits.append((tenant, SESSION_WAIT + m.session_id, at + self.cfg.completion.allowed_lateness_ms))

@@ -559,28 +559,42 @@ class TraceStateStore:
     ) -> tuple[list[str], list[str], TraceState, list[str], list[str]]:
         """Record a trace's completion marker. Returns (pending ids, decided ids to revise, state,
         the trace's sessions, its sessions to revise)."""
+        return (await self.mark_complete_many([(tenant, trace_id, span_count, at_ms)], watermark_ms))[0]
+
+    async def mark_complete_many(
+        self, markers: Sequence[tuple[str, str, int | None, int]], watermark_ms: int = 0
+    ) -> list[tuple[list[str], list[str], TraceState, list[str], list[str]]]:
+        """``mark_complete`` for each (tenant, trace id, span count, at) of ``markers``, in order, in
+        one round trip (a marker re-sent in the same run finds the first one's claim, as it would
+        one after the other)."""
         assert self._mark is not None
         c = self.cfg.completion
-        raw = await self._mark(
-            keys=[self.k.state(tenant, trace_id), self.k.tombstone(tenant, trace_id)],
-            args=[
-                self.ttl_ms,
-                -1 if span_count is None else span_count,
-                at_ms,
-                watermark_ms,
-                c.allowed_lateness_ms,
-                "1" if c.mode == "inferred" else "0",
-            ],
-        )
-        d = _loads(raw)
-        self.note_expiry(tenant, int(d.get("o", -2)), int(d.get("x", -2)))
-        return (
-            list(d["pend"] or []),
-            list(d["dec"] or []),
-            TraceState.from_json(d["state"]),
-            list(d.get("sess") or []),
-            list(d.get("ls") or []),
-        )
+        cmds = Commands()
+        for tenant, trace_id, span_count, at_ms in markers:
+            cmds.evalsha(
+                self._mark,
+                [self.k.state(tenant, trace_id), self.k.tombstone(tenant, trace_id)],
+                [
+                    self.ttl_ms,
+                    -1 if span_count is None else span_count,
+                    at_ms,
+                    watermark_ms,
+                    c.allowed_lateness_ms,
+                    "1" if c.mode == "inferred" else "0",
+                ],
+            )
+        out: list[tuple[list[str], list[str], TraceState, list[str], list[str]]] = []
+        for (tenant, *_), raw in zip(markers, await self._execute(cmds) if markers else [], strict=True):
+            d = _loads(raw)
+            self.note_expiry(tenant, int(d.get("o", -2)), int(d.get("x", -2)))
+            out.append((
+                list(d["pend"] or []),
+                list(d["dec"] or []),
+                TraceState.from_json(d["state"]),
+                list(d.get("sess") or []),
+                list(d.get("ls") or []),
+            ))
+        return out
 
     async def touched_sessions(
         self, items: Iterable[tuple[str, str]]

@@ -12,7 +12,6 @@ import pytest
 from scoring.models import TraceScorable
 from tests.integration.harness import (
     control_client,
-    expectation_bytes,
     expects,
     header,
     make_config,
@@ -24,7 +23,6 @@ from tests.integration.harness import (
     read_all,
     read_until,
     running_service,
-    running_service_prepared,
     send_spans,
     settled,
     verdict,
@@ -106,62 +104,3 @@ async def test_a_registration_cut_between_storing_and_indexing_is_indexed_by_its
         ev = await tw.wait_for(ident, timeout=30)
     assert cut and verdict(ev) == "true", ev.rationale
 
-
-async def test_expectations_registered_together_in_one_batch_are_judged_each_as_alone(
-    kafka_bootstrap: str, redis_url: str
-) -> None:
-    """Consecutive expectation records of a batch are stored and indexed in two round trips for
-    the whole run; each is still judged in its order: a refused one among them dead-letters alone,
-    the same id again is a retry (taken once) or a reuse (dead-lettered), and a cancel that follows
-    its expectation cancels it."""
-    from collector.wire.gen import control_pb2
-
-    cfg = make_config(kafka_bootstrap, redis_url)
-    t0 = int(time.time() * 1000) - 5_000
-    trace, root = new_trace_id(), new_span_id()
-    first, cancelled, second = f"first-{trace}", f"cancelled-{trace}", f"second-{trace}"
-    cancel = control_pb2.ControlMessage(cancel=control_pb2.CancelExpectation(expectation_id=cancelled))
-    # one key: one partition, so the records keep this order in the batch
-    run = [
-        expectation_bytes(first, [trace], expects("search")),
-        expectation_bytes(f"unknown-{trace}", [trace], expects("search"), scorer="no-such-tree"),
-        expectation_bytes(first, [trace], expects("search")),  # a retry of the first
-        expectation_bytes(first, [trace], expects("fetch")),  # another definition under its id
-        expectation_bytes(cancelled, [trace], expects("search")),
-        cancel.SerializeToString(),
-        expectation_bytes(second, [trace], expects("fetch")),
-    ]
-    sizes: list[int] = []
-
-    def watch(service: Any) -> None:
-        real = service.store.register_many
-
-        async def register_many(exps: Any) -> Any:
-            sizes.append(len(exps))
-            return await real(exps)
-
-        service.store.register_many = register_many
-
-    async with raw_producer(cfg) as producer:
-        # produced before the service starts: its first poll takes them together
-        for value in run:
-            await producer.send_and_wait(cfg.kafka.topics.control, value, key=trace.encode())
-        async with running_service_prepared(cfg, watch) as service, control_client(cfg) as tw:
-            await send_spans(
-                producer,
-                cfg,
-                trace,
-                otlp_span(trace, span_id=root, name="agent", start_ms=t0, end_ms=t0 + 50),
-                otlp_span(trace, parent=root, tool="search", start_ms=t0 + 1, end_ms=t0 + 2),
-                otlp_span(trace, parent=root, tool="fetch", start_ms=t0 + 3, end_ms=t0 + 4),
-            )
-            assert verdict(await tw.wait_for(first, timeout=30)) == "true"
-            assert verdict(await tw.wait_for(second, timeout=30)) == "true"
-            assert not await service.store.undecided("default", cancelled)
-            assert await service.store.get_decision("default", cancelled) is None
-    assert sizes and sizes[0] == 4, sizes  # the four expectations before the cancel, in one call
-    dlq = await read_until(kafka_bootstrap, cfg.kafka.topics.dlq, lambda recs: len(recs) >= 2)
-    assert [header(r, "toolwitness-dlq-reason") for r in dlq] == ["unknown_scorer", "expectation_id_reused"]
-    scores = await read_all(kafka_bootstrap, cfg.kafka.topics.scores)
-    keys = sorted(r.key for r in scores if r.key is not None)
-    assert keys == sorted([f"default/{first}".encode(), f"default/{second}".encode()])

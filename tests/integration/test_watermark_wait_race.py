@@ -76,16 +76,16 @@ async def test_an_expectation_registered_as_its_traces_wait_is_consumed_is_still
     seen: dict[str, Any] = {}
 
     def prepare(service: ToolwitnessService) -> None:
-        original = service.store.register
+        original = service.store.register_many
 
-        async def register(exp: Any) -> bool:
+        async def register_many(exps: Any) -> list[bool]:
             # This batch read its watermark already; let the sweeper take the trace's wait off
             # the queue before the expectation is stored (the window the race needs).
             await hold_batch_until_consumed(service, waiting)
             seen["consumed_first"] = True
-            return await original(exp)
+            return await original(exps)
 
-        service.store.register = register  # type: ignore[method-assign]
+        service.store.register_many = register_many  # type: ignore[method-assign]
 
     async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
         # the spans' times: fresh when sent (the stack can take seconds to start, and spans
@@ -125,15 +125,15 @@ async def test_a_count_marker_completing_the_last_trace_as_another_wait_is_consu
     seen: dict[str, Any] = {}
 
     def prepare(service: ToolwitnessService) -> None:
-        original = service.store.mark_complete
+        original = service.store.mark_complete_many
 
-        async def mark_complete(tenant: str, trace_id: str, *args: Any, **kwargs: Any) -> Any:
-            if trace_id == t2 and not seen:
+        async def mark_complete_many(markers: Any, *args: Any, **kwargs: Any) -> Any:
+            if any(m[1] == t2 for m in markers) and not seen:
                 await hold_batch_until_consumed(service, waiting)
                 seen["consumed_first"] = True
-            return await original(tenant, trace_id, *args, **kwargs)
+            return await original(markers, *args, **kwargs)
 
-        service.store.mark_complete = mark_complete  # type: ignore[method-assign]
+        service.store.mark_complete_many = mark_complete_many  # type: ignore[method-assign]
 
     attrs = {"session.id": session} if shape == "session" else {}
     async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
@@ -226,12 +226,12 @@ async def test_evidence_applied_on_an_older_watermark_breaks_a_completion_the_sw
             await hold_batch(service, settled)
             seen["decided_first"] = True
 
-        original_mark, original_apply = service.store.mark_complete, service.store.apply
+        original_mark, original_apply = service.store.mark_complete_many, service.store.apply
 
-        async def mark_complete(tenant: str, trace_id: str, *args: Any, **kwargs: Any) -> Any:
-            if what == "count_marker" and trace_id == trace and not seen.get("decided_first"):
+        async def mark_complete_many(markers: Any, *args: Any, **kwargs: Any) -> Any:
+            if what == "count_marker" and any(m[1] == trace for m in markers) and not seen.get("decided_first"):
                 await hold_until_decided_on_the_trace()
-            return await original_mark(tenant, trace_id, *args, **kwargs)
+            return await original_mark(markers, *args, **kwargs)
 
         async def apply(groups: Any, watermark_ms: int) -> Any:
             if (
@@ -243,7 +243,7 @@ async def test_evidence_applied_on_an_older_watermark_breaks_a_completion_the_sw
                 await hold_until_decided_on_the_trace()
             return await original_apply(groups, watermark_ms)
 
-        service.store.mark_complete = mark_complete  # type: ignore[method-assign]
+        service.store.mark_complete_many = mark_complete_many  # type: ignore[method-assign]
         service.store.apply = apply  # type: ignore[method-assign]
 
     async with open_stack(cfg) as stack, running_service_prepared(cfg, prepare) as service:
