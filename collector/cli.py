@@ -8,10 +8,13 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from collector.config import ServiceConfig
 
 app = typer.Typer(
     help="toolwitness: streaming, three-valued scoring of what an agent's tools actually did.",
@@ -29,8 +32,14 @@ def _bench_setup() -> None:
     quiet_retried_coordinator_lookups()  # each run makes fresh groups, which wait for a coordinator
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+def _logging(cfg: ServiceConfig) -> None:
+    """Root logging as the config says (level and line format), for a command that runs the
+    service or the sidecar: each reads its own config, so each must call this with it."""
+    from collector.telemetry.logs import log_formatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(log_formatter(cfg.log_format))
+    logging.basicConfig(level=cfg.log_level, handlers=[handler])
 
 
 ConfigOpt = Annotated[
@@ -51,7 +60,7 @@ def run(config: ConfigOpt = None) -> None:
     except (ConfigError, ValueError) as exc:
         typer.echo(f"toolwitness: {exc}", err=True)
         raise typer.Exit(2) from None
-    _logging(cfg.log_level)
+    _logging(cfg)
 
     async def main() -> None:
         service = ToolwitnessService(cfg, owns_process=True)
@@ -153,7 +162,7 @@ def sidecar(
     except ConfigError as exc:
         typer.echo(f"toolwitness: {exc}", err=True)
         raise typer.Exit(2) from None
-    _logging(cfg.log_level)
+    _logging(cfg)
     try:
         sidecar_cfg = SidecarConfig(
             listen=listen,

@@ -273,6 +273,9 @@ class ServiceConfig(_Section):
             )
         return v
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: json: one JSON object per line (timestamp, level, logger, message, exception), for log
+    #: pipelines that would otherwise split a traceback into one event per line
+    log_format: Literal["text", "json"] = "text"
     #: name of this instance in logs and metrics (defaults to host:pid).
     instance: str = ""
     #: dotted config path -> the environment variable that set it (``load_config`` fills it), so
@@ -306,6 +309,7 @@ _SHORTHANDS = {
     "TOOLWITNESS_KAFKA_BOOTSTRAP": ("kafka", "bootstrap_servers"),
     "TOOLWITNESS_REDIS_URL": ("redis", "url"),
     "TOOLWITNESS_LOG_LEVEL": ("log_level",),
+    "TOOLWITNESS_LOG_FORMAT": ("log_format",),
     "TOOLWITNESS_INSTANCE": ("instance",),
 }
 

@@ -1,9 +1,45 @@
-"""Keeping a library's log from flooding the service's during an outage."""
+"""Keeping a library's log from flooding the service's during an outage, and the service's
+log line formats."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from datetime import UTC, datetime
+
+#: the `log_format: text` line
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line: ``timestamp`` (RFC 3339, UTC), ``level``,
+    ``logger``, ``message``, and ``exception`` / ``stack`` when the record carries them.
+
+    A traceback stays inside its record's line (json escapes the newlines), so a log pipeline
+    reading pod logs line by line keeps it with its message. ASCII output: a U+2028 in a message
+    would be a line break to some readers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, str] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")[:-6] + "Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info and not record.exc_text:
+            # cached on the record as logging.Formatter does: every handler reuses one rendering
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line)
+
+
+def log_formatter(log_format: str) -> logging.Formatter:
+    """The formatter of config ``log_format`` (``text`` or ``json``)."""
+    return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
 
 
 class RepeatThrottle(logging.Filter):
