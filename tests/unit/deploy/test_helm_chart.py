@@ -75,6 +75,7 @@ scorers:
   tools: {type: otel_tool_call}
 admin: {host: 0.0.0.0, port: 8888}
 log_level: INFO
+log_format: text
 """
 )
 
@@ -338,6 +339,14 @@ def test_the_control_plane_may_read_the_verdicts_it_waits_for(rendered: dict[str
     reads = {e["name"] for e in entries if e["principal"] == "User:toolwitness-control-plane"
              and e["resourceType"] == "topic" and "Read" in e["operations"]}
     assert reads == {"toolwitness.scores", "toolwitness.observations"}
+
+
+def test_json_log_lines_reach_the_service_config(helm: Helm, tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(one(helm.render_docs(sets=["config.log_format=json"]), "ConfigMap")["data"]["config.yaml"])
+    assert load_config(path, env={}).log_format == "json"
+    proc = helm.template(sets=["config.log_format=logfmt"])
+    assert proc.returncode != 0 and "log_format" in proc.stderr
 
 
 def test_checksum_annotation_follows_the_config(helm: Helm) -> None:
