@@ -1,7 +1,8 @@
 """Service configuration: one frozen model per section, loaded from YAML with env overrides.
 
-Every key is validated at start-up; an unknown key, a key given twice or a bad value fails
-with the dotted path of the offending key. Environment variables override YAML:
+Every key is validated at start-up; an unknown key, a key given twice or a bad value (a
+boolean where a number belongs included) fails with the dotted path of the offending key.
+Environment variables override YAML:
 ``TOOLWITNESS_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets ``kafka.bootstrap_servers``
 (double underscore separates levels); the shorthands ``TOOLWITNESS_KAFKA_BOOTSTRAP``
 and ``TOOLWITNESS_REDIS_URL`` are accepted too, and a variable that looks like a misspelt
@@ -24,7 +25,17 @@ from typing import Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from collector.wire.convert import TENANT
 from scoring.score.tree import TREE_KEYS_BY_TYPE, keys_not_for
@@ -42,9 +53,35 @@ def redact_urls(text: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
+def _number_kind(ann: Any) -> str | None:
+    """``an integer`` / ``a number`` when the field annotated ``ann`` takes one (also in ``X | None``)."""
+    types = get_args(ann) if get_origin(ann) in (Union, UnionType) else (ann,)
+    if int in types:
+        return "an integer"
+    if float in types:
+        return "a number"
+    return None
+
+
 class _Section(BaseModel):
     #: inf/nan are no durations or sizes (an infinite deadline passed validation, then crashed the loop)
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, v: Any, info: ValidationInfo) -> Any:
+        """Lax mode reads ``true`` as 1 (``admin: {port: true}`` bound port 1): a boolean where a
+        number belongs is a mistake in the file or variable, never a number. Every section's
+        fields, present and future, so no number field can forget it."""
+        if isinstance(v, bool) and info.field_name is not None:
+            kind = _number_kind(cls.model_fields[info.field_name].annotation)
+            if kind is not None:
+                raise PydanticCustomError(
+                    "boolean_for_a_number",
+                    "expected {kind}, got a boolean ({value})",
+                    {"kind": kind, "value": "true" if v else "false"},
+                )
+        return v
 
 
 class TenantConfig(_Section):
