@@ -177,6 +177,7 @@ def test_schema_closes_every_object() -> None:
         "/properties/affinity/properties/nodeAffinity",
         "/properties/affinity/properties/podAffinity",
         "/properties/affinity/properties/podAntiAffinity",
+        "/$defs/kubernetesObject",  # extraVolumes' volume sources
     }
     problems: list[str] = []
 
@@ -412,6 +413,8 @@ def check_admin_wiring(docs: list[dict[str, Any]]) -> int:
     assert probe_port(scorer["livenessProbe"]) == port
     assert scorer["readinessProbe"]["httpGet"]["path"] == READINESS_PATH
     assert probe_port(scorer["readinessProbe"]) == port
+    assert scorer["startupProbe"]["httpGet"]["path"] == LIVENESS_PATH
+    assert probe_port(scorer["startupProbe"]) == port
 
     svc = one(docs, "Service")
     svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
@@ -442,6 +445,109 @@ def test_changing_the_admin_port_moves_every_consumer(helm: Helm) -> None:
     docs = helm.render_docs(sets=["config.admin.port=9464", "serviceMonitor.enabled=true",
                                  "networkPolicy.ingress.namespaces={monitoring}"])
     assert check_admin_wiring(docs) == 9464
+
+
+def test_a_startup_probe_holds_liveness_back_and_its_timing_is_configurable(
+    helm: Helm, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    startup = yaml.safe_load((CHART / "values.yaml").read_text())["probes"]["startup"]
+    # the default budget outlasts the longest start step the service waits for (Kafka's 30 s request timeout)
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60
+    docs = rendered["sidecar"]
+    scorer = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert scorer["startupProbe"] == {"httpGet": {"path": LIVENESS_PATH, "port": "admin"}, **startup}
+    sidecar = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["containers"][0]
+    assert sidecar["startupProbe"] == {"tcpSocket": {"port": "otlp-grpc"}, **startup}
+    docs = helm.render_docs(sets=["sidecar.enabled=true", "probes.startup.failureThreshold=60",
+                                  "probes.startup.periodSeconds=10"])
+    for dep in kinds(docs, "Deployment"):
+        probe = dep["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+        assert (probe["failureThreshold"], probe["periodSeconds"]) == (60, 10), dep["metadata"]["name"]
+
+
+#: what a platform team adds to the scorer pod: a CA bundle, CSI certificates, env from its own sources
+EXTRAS = {
+    "extraVolumes": [
+        {"name": "corp-ca", "configMap": {"name": "corp-trust-bundle"}},
+        {"name": "certs", "csi": {"driver": "csi.cert-manager.io", "readOnly": True,
+                                  "volumeAttributes": {"csi.cert-manager.io/issuer-name": "corp"}}},
+    ],
+    "extraVolumeMounts": [
+        {"name": "corp-ca", "mountPath": "/etc/toolwitness/corp-ca", "readOnly": True},
+        {"name": "certs", "mountPath": "/var/run/certs", "readOnly": True},
+    ],
+    "envFrom": [
+        {"secretRef": {"name": "platform-env"}},
+        {"configMapRef": {"name": "proxy-settings", "optional": True}, "prefix": "PROXY_"},
+    ],
+}
+
+
+def test_extra_volumes_mounts_and_env_sources_reach_the_scorer_pod(helm: Helm, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({**EXTRAS, "sidecar": {"enabled": True},
+                                      "secrets": {"redis": {"existingSecret": "redis-pw"}}}))
+    docs = helm.render_docs([values])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["volumes"][-2:] == EXTRAS["extraVolumes"]
+    assert {v["name"] for v in pod["volumes"]} == {"config", "tmp", "corp-ca", "certs"}  # the chart's stay
+    assert container["volumeMounts"][-2:] == EXTRAS["extraVolumeMounts"]
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/etc/toolwitness/config.yaml", "/tmp"}
+    assert container["envFrom"] == EXTRAS["envFrom"]
+    assert [e["name"] for e in container["env"]] == ["TOOLWITNESS_REDIS_PASSWORD"]  # the chart's env stays
+    # The sidecar is the pod agents talk to: what the platform injects into the scorer (Secrets
+    # among it) stays out of it.
+    sidecar = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]
+    assert not {v["name"] for v in sidecar["volumes"]} & {"corp-ca", "certs"}
+    assert "envFrom" not in sidecar["containers"][0]
+
+
+def test_by_default_the_scorer_pod_has_no_extras(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = one(rendered["default"], "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "envFrom" not in container
+    assert [v["name"] for v in pod["volumes"]] == ["config", "tmp"]
+    assert [m["name"] for m in container["volumeMounts"]] == ["config", "tmp"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        # the pod stays off the node's filesystem
+        ({"extraVolumes": [{"name": "host", "hostPath": {"path": "/etc"}}]}, "additional properties 'hostPath'"),
+        ({"extraVolumes": [{"name": "two", "secret": {"secretName": "a"}, "configMap": {"name": "b"}}]},
+         "maxProperties: got 3, want 2"),
+        ({"extraVolumeMounts": [{"name": "x"}]}, "missing property 'mountPath'"),
+        ({"envFrom": [{"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]}, "oneOf"),
+        ({"envFrom": [{"prefix": "X_"}]}, "oneOf"),
+        ({"envFrom": [{"secretRef": {"name": "a"}, "prefix": "toolwitness_kafka__"}]},
+         "envFrom prefix toolwitness_kafka__: it would make every key of the source a TOOLWITNESS_*"),
+        ({"extraVolumes": [{"name": "tmp", "emptyDir": {}}]}, "extraVolumes tmp: the name is one of the chart's own"),
+        ({"extraVolumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "secret": {"secretName": "s"}}]},
+         "extraVolumes a: the name is given twice"),
+        ({"extraVolumeMounts": [{"name": "nowhere", "mountPath": "/x"}]}, "extraVolumeMounts nowhere: no volume"),
+        ({"extraVolumes": [{"name": "ca", "secret": {"secretName": "s"}}],
+          "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/toolwitness/"}]},
+         "extraVolumeMounts ca: mountPath /etc/toolwitness/ is the chart's own"),
+        ({"extraVolumes": [{"name": "ca", "secret": {"secretName": "s"}}],
+          "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/toolwitness/config.yaml", "subPath": "c"}]},
+         "mountPath /etc/toolwitness/config.yaml is the chart's own"),
+        ({"probes": {"startup": {"initialDelaySeconds": 0, "periodSeconds": 5, "timeoutSeconds": 2,
+                                 "failureThreshold": 24, "successThreshold": 2}}},
+         "additional properties 'successThreshold'"),
+    ],
+    ids=["hostPath", "two-sources", "mount-without-path", "two-env-sources", "no-env-source",
+         "toolwitness-prefix", "chart-volume-name", "volume-name-twice", "mount-of-no-volume",
+         "mount-over-etc-toolwitness", "mount-over-the-config", "startup-unknown-key"],
+)
+def test_extras_that_cannot_work_fail_the_render(helm: Helm, tmp_path: Path, values: dict[str, Any],
+                                                 message: str) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    proc = helm.template(values=[path])
+    assert proc.returncode != 0, f"helm template accepted {values}"
+    assert message in proc.stderr, proc.stderr
 
 
 # --------------------------------------------------------------------------- security

@@ -608,4 +608,26 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- fail (printf "extraEnv %s: TOOLWITNESS_* variables override the service config; set the value under config: instead" .name) }}
 {{- end }}
 {{- end }}
+{{- range $v.envFrom }}
+{{- if hasPrefix "TOOLWITNESS_" (.prefix | default "" | upper) }}
+{{- fail (printf "envFrom prefix %s: it would make every key of the source a TOOLWITNESS_* service config override; set those under config: instead" .prefix) }}
+{{- end }}
+{{- end }}
+{{- $chartVolumes := list "config" "tmp" "kafka-tls" "redis-tls" }}
+{{- $volumes := $chartVolumes }}
+{{- range $v.extraVolumes }}
+{{- if has .name $volumes }}
+{{- fail (printf "extraVolumes %s: the name is %s; choose another" .name (ternary "one of the chart's own volumes (config, tmp, kafka-tls, redis-tls)" "given twice" (has .name $chartVolumes))) }}
+{{- end }}
+{{- $volumes = append $volumes .name }}
+{{- end }}
+{{- $chartPaths := list "/tmp" "/etc/toolwitness" (include "toolwitness.configPath" $) (include "toolwitness.kafkaTlsDir" $) (include "toolwitness.redisTlsDir" $) }}
+{{- range $v.extraVolumeMounts }}
+{{- if not (has .name $volumes) }}
+{{- fail (printf "extraVolumeMounts %s: no volume of that name; add it to extraVolumes" .name) }}
+{{- end }}
+{{- if has (trimSuffix "/" .mountPath) $chartPaths }}
+{{- fail (printf "extraVolumeMounts %s: mountPath %s is the chart's own (%s); mount under a new directory, e.g. /etc/toolwitness/%s" .name .mountPath (join ", " $chartPaths) .name) }}
+{{- end }}
+{{- end }}
 {{- end }}
