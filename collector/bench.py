@@ -758,11 +758,12 @@ async def register_expectations(
     ids: Sequence[str],
     progress: Progress,
     what: str = "register expectations",
-) -> None:
+) -> float:
     """Produce control records and let the service (same group, empty spans topic) register them all.
 
     The group's control offsets are committed when it returns, so the service started next
-    on the real spans topic reads spans only.
+    on the real spans topic reads spans only. Returns the seconds the started service took to
+    register them all (checked every 50 ms).
     """
     keys = Keys(cfg.redis.key_prefix)
     await _produce(cfg.kafka, cfg.kafka.topics.control, controls)
@@ -774,9 +775,12 @@ async def register_expectations(
         return n >= len(ids)
 
     async with _service(_with_spans_topic(cfg, warm_topic(cfg))) as svc:
+        started = time.perf_counter()
         await until(done, max(60.0, len(ids) / 100), what)
+        took = time.perf_counter() - started
         async with svc.batch_lock:
             pass
+    return took
 
 
 async def prepare_backlog(
@@ -967,6 +971,13 @@ def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
     if e.get("cpu"):
         t.add_row("  CPU while draining (cores)", f"{e['cpu']['cores_busy']:.2f}", busy_text(e["cpu"]))
     t.add_row("ratio end to end / floor", f"{report['ratio']:.2f}", "")
+    reg = report["registration"]
+    t.add_row(
+        "expectations registered (control topic)",
+        f"{reg['per_s']:,.0f} /s",
+        f"{reg['expectations']:,} expectation records, taken in runs per batch, in {reg['seconds']:.2f} s "
+        "(started service, checked every 50 ms)",
+    )
     ing = report["ingest"]
     t.add_row(
         "ingest only: no expectation registered",
@@ -1181,7 +1192,7 @@ async def _run(
             controls = [(b.expectation_id.encode(), _control_record(b)) for b in backlog]
             controls.append((probe_pending_id.encode(), _control_record(probe, ABSENT_TOOL, probe_pending_id)))
             ids = [b.expectation_id for b in backlog] + [probe_pending_id]
-            await register_expectations(cfg, redis, controls, ids, progress)
+            registration_s = await register_expectations(cfg, redis, controls, ids, progress)
 
             # 4. end to end on the backlog ----------------------------------------------------------------
             meter = Meter()
@@ -1272,6 +1283,8 @@ async def _run(
             "ratio": e2e["spans_per_s"] / floor_mean,
             "ingest": ingest,
             "ingest_ratio": ingest["spans_per_s"] / floor_mean,
+            "registration": {"expectations": len(ids), "seconds": registration_s,
+                             "per_s": len(ids) / registration_s if registration_s > 0 else math.nan},
             # CPU-free arithmetic on two rates of this run: each trace here is one decision
             "us_per_decision": (1 / e2e["spans_per_s"] - 1 / ingest["spans_per_s"]) * TRACE_SPANS * 1e6,
             "latency": lat,
