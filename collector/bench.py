@@ -261,6 +261,12 @@ def _control_record(trace: BenchTrace, tool: str | None = None, expectation_id: 
     return control_pb2.ControlMessage(expectation=msg).SerializeToString(deterministic=True)
 
 
+def _marker_record(trace: BenchTrace) -> bytes:
+    """The trace's completion marker with its span count (``ToolwitnessClient.mark_complete``)."""
+    marker = control_pb2.CompletionMarker(tenant=TENANT, trace_id=trace.trace_id, span_count=TRACE_SPANS)
+    return control_pb2.ControlMessage(completion=marker).SerializeToString(deterministic=True)
+
+
 # --------------------------------------------------------------------------------------------------
 # Redis state measurement
 # --------------------------------------------------------------------------------------------------
@@ -396,15 +402,28 @@ class Meter:
     target: int = 0
     reached: asyncio.Event = field(default_factory=asyncio.Event)
     on_spans: Callable[[int], None] | None = None
+    #: records of every topic (spans and control), when the pass is timed on them (``record_target``)
+    records: int = 0
+    record_target: int = 0
+    records_start: float = 0.0
+    records_end: float = 0.0
 
-    def reset(self, target: int, on_spans: Callable[[int], None] | None = None) -> None:
-        self.first_start = self.last_end = 0.0
-        self.spans = self.batches = 0
+    def reset(self, target: int, on_spans: Callable[[int], None] | None = None, *, record_target: int = 0) -> None:
+        self.first_start = self.last_end = self.records_start = self.records_end = 0.0
+        self.spans = self.batches = self.records = 0
         self.target = target
+        self.record_target = record_target
         self.reached = asyncio.Event()
         self.on_spans = on_spans
 
     def batch(self, started: float, ended: float, res: BatchResult) -> None:
+        if self.record_target and res.records:
+            if self.records == 0:
+                self.records_start = started
+            self.records += res.records
+            self.records_end = ended
+            if self.records >= self.record_target:
+                self.reached.set()
         if res.spans == 0:
             return
         if self.spans == 0:
@@ -971,6 +990,14 @@ def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
     if e.get("cpu"):
         t.add_row("  CPU while draining (cores)", f"{e['cpu']['cores_busy']:.2f}", busy_text(e["cpu"]))
     t.add_row("ratio end to end / floor", f"{report['ratio']:.2f}", "")
+    mix = report["interleaved"]
+    t.add_row(
+        "interleaved: expectation + spans + marker",
+        f"{mix['spans_per_s']:,.0f} spans/s",
+        f"{report['interleaved_ratio']:.2f} of the floor; {mix['traces_per_s']:,.0f} traces/s, each registered, "
+        f"decided and completed in the same backlog ({mix['decided_true']:,}/{mix['traces']:,} TRUE); what a "
+        "harness sending all three per attempt gets",
+    )
     reg = report["registration"]
     t.add_row(
         "expectations registered (control topic)",
@@ -1118,6 +1145,48 @@ async def ingest_only(rig: Rig, traces: Sequence[BenchTrace], progress: Progress
     return await drain_in_process(cfg, sum(_spans_in(r) for _, r in records), progress, desc="ingest only: service")
 
 
+async def interleaved(rig: Rig, traces: Sequence[BenchTrace], progress: Progress) -> dict[str, Any]:
+    """What a harness sends per attempt, all in the backlog of fresh topics: its expectation
+    (control topic, first), its spans, then its completion marker with the span count. Timed from
+    the first batch to the last record taken; every expectation must end decided TRUE."""
+    cfg = rig.config()
+    await rig.topics(cfg)
+    controls = [(t.expectation_id.encode(), _control_record(t)) for t in traces]
+    spans = [(t.trace_id.encode(), r) for t in traces for r in t.records]
+    markers = [(t.trace_id.encode(), _marker_record(t)) for t in traces]
+    tid, adv = task(progress, "produce interleaved backlog", len(controls) + len(spans) + len(markers))
+    await _produce(cfg.kafka, cfg.kafka.topics.control, controls, adv)
+    await _produce(cfg.kafka, cfg.kafka.topics.spans, spans, adv)
+    await _produce(cfg.kafka, cfg.kafka.topics.control, markers, adv)
+    progress.remove_task(tid)
+    n_spans = sum(_spans_in(r) for _, r in spans)
+    records = len(controls) + len(spans) + len(markers)
+    meter = Meter()
+    tid, adv = task(progress, "interleaved: expectation + spans + marker per trace", n_spans)
+    meter.reset(0, adv, record_target=records)
+    redis = Redis.from_url(cfg.redis.url)
+    try:
+        async with _service(cfg, meter):
+            try:
+                await asyncio.wait_for(meter.reached.wait(), timeout=max(180.0, records / 200))
+            except TimeoutError:
+                raise TimeoutError(f"service took {meter.records} of {records} records in time") from None
+        true, _ = await _decided_true(redis, Keys(cfg.redis.key_prefix), [t.expectation_id for t in traces])
+    finally:
+        await redis.aclose()
+    progress.remove_task(tid)
+    secs = meter.records_end - meter.records_start
+    return {
+        "traces": len(traces),
+        "spans": n_spans,
+        "records": records,
+        "seconds": secs,
+        "spans_per_s": n_spans / secs if secs > 0 else math.nan,
+        "traces_per_s": len(traces) / secs if secs > 0 else math.nan,
+        "decided_true": true,
+    }
+
+
 async def run_instances_phase(rig: Rig, traces: Sequence[BenchTrace], n: int, progress: Progress) -> dict[str, Any]:
     """Drain the same backlog with ``n`` service processes of one group (fresh topics and keys)."""
     cfg = rig.config()
@@ -1260,6 +1329,7 @@ async def _run(
             # 7. ingest only: the same kind of backlog (fresh trace ids) with no expectation registered:
             # what applying spans costs without a decision, so a decision's own cost can be read off.
             ingest = await ingest_only(rig, make_traces(n_traces), progress)
+            mixed = await interleaved(rig, make_traces(n_traces), progress)
 
             # 8. the same backlog through 1 and 2 service processes -----------------------------------------
             runs = [await run_instances_phase(rig, backlog, n, progress) for n in instances]
@@ -1283,6 +1353,8 @@ async def _run(
             "ratio": e2e["spans_per_s"] / floor_mean,
             "ingest": ingest,
             "ingest_ratio": ingest["spans_per_s"] / floor_mean,
+            "interleaved": mixed,
+            "interleaved_ratio": mixed["spans_per_s"] / floor_mean,
             "registration": {"expectations": len(ids), "seconds": registration_s,
                              "per_s": len(ids) / registration_s if registration_s > 0 else math.nan},
             # CPU-free arithmetic on two rates of this run: each trace here is one decision

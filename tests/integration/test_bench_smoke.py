@@ -52,6 +52,10 @@ async def test_bench_pipeline_smoke(kafka_bootstrap: str, redis_url: str, capsys
     assert ingest["spans"] == 2000 and report["ingest_ratio"] == ingest["spans_per_s"] / mean > 0
     per_decision = (1 / e2e["spans_per_s"] - 1 / ingest["spans_per_s"]) * 25 * 1e6
     assert report["us_per_decision"] == pytest.approx(per_decision)
+    mixed = report["interleaved"]  # each trace's expectation, spans and marker, all in the backlog
+    assert mixed["traces"] == 80 and mixed["spans"] == 2000 and mixed["records"] == 80 * 2 + 80
+    assert mixed["decided_true"] == 80 and mixed["spans_per_s"] > 0
+    assert report["interleaved_ratio"] == mixed["spans_per_s"] / mean
     reg = report["registration"]  # the 80 expectations and the absent-tool probe's
     assert reg["expectations"] == 81 and reg["per_s"] == reg["expectations"] / reg["seconds"] > 0
 
