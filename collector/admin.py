@@ -12,6 +12,9 @@ from collector.telemetry.metrics import REGISTRY
 
 log = logging.getLogger("toolwitness.admin")
 
+#: a dependency failing this long makes a process not ready (/readyz 503): the scorer's Redis or
+#: Kafka, the sidecar's forwarding to Kafka
+NOT_READY_AFTER_S = 10.0
 #: the whole request head (request line and headers) must arrive within this many seconds, ...
 REQUEST_TIMEOUT_S = 5.0
 #: ... in at most this many header lines: a client trickling headers must not hold a connection

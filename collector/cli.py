@@ -152,6 +152,10 @@ def sidecar(
         str,
         typer.Option(help="stamp every forwarded record with this tenant (the tenant.header Kafka header)"),
     ] = "",
+    admin_listen: Annotated[
+        str,
+        typer.Option(help="host:port for /healthz, /readyz and /metrics ('' = none)"),
+    ] = "",
 ) -> None:
     """OTLP/gRPC TraceService receiver that forwards spans to Kafka keyed by trace id."""
     from collector.config import ConfigError, load_config
@@ -172,6 +176,7 @@ def sidecar(
             tls_keyfile=tls_key,
             tenant=tenant,
             tenant_header=cfg.tenant.header,
+            admin_listen=admin_listen,
         )
     except ValidationError as exc:
         typer.echo(f"toolwitness sidecar: {exc.errors(include_url=False)[0]['msg']}", err=True)

@@ -23,7 +23,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from collector.admin import AdminServer
+from collector.admin import NOT_READY_AFTER_S, AdminServer
 from collector.client import ensure_topics
 from collector.config import RedisConfig, ServiceConfig, redact_urls
 from collector.exporters.base import ExportError
@@ -60,8 +60,6 @@ class RetryPolicy:
         self._attempt = 0
 
 
-#: a dependency failing this long makes the instance not ready (/readyz 503)
-NOT_READY_AFTER_S = 10.0
 #: while it fails, one warning per this many seconds (the rest at DEBUG)
 OUTAGE_LOG_EVERY_S = 30.0
 #: the Kafka probe's pause between two checks that the brokers answer (``KafkaOTLPReceiver.probe``) ...

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from pydantic import field_validator
 
+from collector.admin import NOT_READY_AFTER_S, AdminServer
 from collector.client import kafka_security_kwargs
 from collector.config import KafkaConfig
 from collector.grpc_server import GrpcServer, GrpcServerConfig
@@ -59,6 +61,16 @@ class SidecarConfig(GrpcServerConfig):
     #: the agent writes itself. Empty: no header (the service reads the resource attribute).
     tenant: str = ""
     tenant_header: str = "toolwitness-tenant"
+    #: host:port of the sidecar's own admin endpoint (/healthz, /readyz, /metrics); empty: none
+    admin_listen: str = ""
+
+    @field_validator("admin_listen")
+    @classmethod
+    def _admin_host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if v and (not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535):
+            raise ValueError(f"admin_listen must be host:port (or empty: no admin endpoint), got {v!r}")
+        return v
 
     @field_validator("tenant")
     @classmethod
@@ -107,6 +119,8 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         )
         self.forwarded_records = 0
         self.rejected_spans = 0
+        #: since when every forwarding to Kafka has failed (None: the last one went through)
+        self.failing_since: float | None = None
 
     @property
     def _timeout_s(self) -> float:
@@ -205,9 +219,12 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
                 if result is not None and not isinstance(result, RecordRefusedError):
                     raise result  # anything else: the exporter retries the whole call
         except Exception as exc:
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
             EXPORT_FAILURES.labels(component=COMPONENT).inc()
             log.warning("%s: forwarding to Kafka topic %r failed: %r", COMPONENT, topic, exc, extra=_EXTRA)
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, "forwarding to Kafka failed; retry")
+        self.failing_since = None
         accepted = _span_count(request) - rejected
         SPANS_IN.labels(component=COMPONENT).inc(max(accepted, 0))
         self.forwarded_records += sum(r is None for r in results)
@@ -218,6 +235,16 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
                 partial_success=ExportTracePartialSuccess(rejected_spans=rejected, error_message="; ".join(errors))
             )
         return ExportTraceServiceResponse()
+
+
+    def ready(self) -> bool:
+        """Listening, and forwarding to Kafka has not failed for ``NOT_READY_AFTER_S`` in a row (as
+        the scorer's /readyz): a Service then sends the agents' exports to another sidecar."""
+        return (
+            self._producers.started
+            and self._server is not None
+            and (self.failing_since is None or time.monotonic() - self.failing_since < NOT_READY_AFTER_S)
+        )
 
 
 def create_sidecar(config: SidecarConfig | None = None, *, env: Mapping[str, str] | None = None) -> OtlpGrpcReceiver:
@@ -237,6 +264,22 @@ async def run_sidecar(
     ``on_started`` is called with the started receiver (e.g. to learn an ephemeral port).
     """
     receiver = create_sidecar(config, env=env)
+    admin: AdminServer | None = None
+    if receiver.config.admin_listen:
+        host, _, port = receiver.config.admin_listen.rpartition(":")
+        # Up before the receiver, which waits for Kafka: alive while starting, ready once listening.
+        admin = AdminServer(host, int(port), ready=receiver.ready, alive=lambda: True)
+        await admin.start()
+        log.info("%s: admin endpoint on %s:%d (/healthz, /readyz, /metrics)", COMPONENT, host, admin.bound_port,
+                 extra=_EXTRA)
+    try:
+        await _serve(receiver, on_started)
+    finally:
+        if admin is not None:
+            await admin.shutdown()
+
+
+async def _serve(receiver: OtlpGrpcReceiver, on_started: Callable[[OtlpGrpcReceiver], None] | None) -> None:
     await receiver.start()
     if on_started is not None:
         try:

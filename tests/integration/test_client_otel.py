@@ -1145,6 +1145,58 @@ async def test_a_sidecar_with_a_tenant_stamps_it_on_every_record(kafka_bootstrap
         SidecarConfig(tenant="acme corp")
 
 
+async def _get(port: int, path: str) -> tuple[int, str]:
+    """GET ``path`` on 127.0.0.1:``port``: (status, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body.decode()
+
+
+async def test_the_sidecar_serves_health_readiness_and_metrics_on_its_admin_port(
+    kafka_bootstrap: str, topics: TopicsConfig
+) -> None:
+    """``--admin-listen``: a platform team probes and scrapes the sidecar as it does the scorer."""
+    spans, traces = captured_spans()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        admin_port = probe.getsockname()[1]
+    cfg = sidecar_config(kafka_bootstrap, topics).model_copy(update={"admin_listen": f"127.0.0.1:{admin_port}"})
+    started: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run_sidecar(cfg, env={}, on_started=started.set_result))
+    async with asyncio.timeout(TIMEOUT_S):
+        receiver = await asyncio.shield(started)
+        assert await _get(admin_port, "/healthz") == (200, "ok\n")
+        assert (await _get(admin_port, "/readyz"))[0] == 200
+        otlp = OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=10)
+        try:
+            assert await asyncio.to_thread(otlp.export, spans) is SpanExportResult.SUCCESS
+        finally:
+            await asyncio.to_thread(otlp.shutdown)
+        status, metrics = await _get(admin_port, "/metrics")
+        assert status == 200
+        sample = 'toolwitness_spans_received_total{component="otlp_grpc"}'
+        forwarded = [line for line in metrics.splitlines() if line.startswith(sample)]
+        assert forwarded and float(forwarded[0].split()[-1]) >= len(spans), forwarded
+        # forwarding has failed for longer than the readiness bound: not ready (the Service then
+        # sends the agents' exports to another sidecar), still alive
+        receiver.failing_since = time.monotonic() - 11
+        assert (await _get(admin_port, "/readyz"))[0] == 503
+        assert (await _get(admin_port, "/healthz"))[0] == 200
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    with pytest.raises(OSError):  # the admin port is closed with the sidecar
+        socket.create_connection(("127.0.0.1", admin_port), timeout=5).close()
+    assert len(await read_records(kafka_bootstrap, topics.spans, len(traces))) == len(traces)
+    with pytest.raises(ValidationError, match="admin_listen"):
+        SidecarConfig(admin_listen="9464")
+
+
 async def test_run_sidecar_serves_until_cancelled(kafka_bootstrap: str, topics: TopicsConfig) -> None:
     spans, traces = captured_spans()
     started: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.pipeline.service import KAFKA_PROBE_TIMEOUT_S, NOT_READY_AFTER_S, OUTAGE_LOG_EVERY_S
+from collector.admin import NOT_READY_AFTER_S
+from collector.pipeline.service import KAFKA_PROBE_TIMEOUT_S, OUTAGE_LOG_EVERY_S
 from scoring.models import TraceScorable
 from tests.integration.harness import (
     IsolatedServices,

@@ -278,11 +278,38 @@ def test_pods_run_the_documented_commands(rendered: dict[str, list[dict[str, Any
     scorer = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert scorer["args"] == ["run", "--config", config_path]
     sidecar = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["containers"][0]
-    assert sidecar["args"] == ["sidecar", "--listen", "0.0.0.0:4317", "--config", config_path,
+    assert sidecar["args"] == ["sidecar", "--listen", "0.0.0.0:4317", "--admin-listen", "0.0.0.0:8888",
+                               "--config", config_path,
                                "--tls-cert", "/etc/toolwitness/sidecar-tls/tls.crt",
                                "--tls-key", "/etc/toolwitness/sidecar-tls/tls.key"]
     mounts = {m["mountPath"]: m for m in scorer["volumeMounts"]} | {m["mountPath"]: m for m in sidecar["volumeMounts"]}
     assert mounts[config_path]["subPath"] == "config.yaml"
+
+
+def test_the_sidecar_is_probed_and_scraped_on_its_admin_port(helm: Helm) -> None:
+    docs = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.adminPort=9464", "serviceMonitor.enabled=true",
+                                  "networkPolicy.enabled=true", "networkPolicy.ingress.namespaces={monitoring}",
+                                  "sidecar.networkPolicy.ingressNamespaces={agents}"])
+    name = f"{RELEASE}-sidecar"
+    container = one(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--admin-listen") + 1] == "0.0.0.0:9464"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"otlp-grpc": 4317, "admin": 9464}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert container["startupProbe"]["tcpSocket"] == {"port": "otlp-grpc"}  # listening: Kafka answered
+    svc = one(docs, "Service", name)
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"otlp-grpc": 4317, "admin": 9464}
+    sm = one(docs, "ServiceMonitor", name)
+    assert sm["spec"]["endpoints"][0]["port"] == "admin" and sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    scorer_sm = one(docs, "ServiceMonitor")
+    assert not scorer_sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    rules = one(docs, "NetworkPolicy", name)["spec"]["ingress"]
+    allowed = {r["ports"][0]["port"]: r["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] for r in rules}
+    assert allowed == {4317: ["agents"], 9464: ["monitoring"]}
+    bad = helm.template(sets=["sidecar.enabled=true", "sidecar.adminPort=4317"])
+    assert bad.returncode != 0 and "sidecar.adminPort must differ from sidecar.port" in bad.stderr
 
 
 def test_the_sidecar_has_its_own_kafka_identity_token_and_listener_tls(
@@ -422,6 +449,8 @@ def check_admin_wiring(docs: list[dict[str, Any]]) -> int:
     assert svc_ports["admin"]["targetPort"] in ("admin", port)
 
     for sm in kinds(docs, "ServiceMonitor"):
+        if sm["metadata"]["labels"]["app.kubernetes.io/component"] != "scorer":
+            continue  # the sidecar's (test_the_sidecar_is_probed_and_scraped_on_its_admin_port)
         assert sm["apiVersion"] == "monitoring.coreos.com/v1"
         (endpoint,) = sm["spec"]["endpoints"]
         assert endpoint["port"] == "admin"

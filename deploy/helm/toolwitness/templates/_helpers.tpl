@@ -566,6 +566,9 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- if and $v.sidecar.enabled (eq (int $v.sidecar.port) (int $v.config.admin.port)) }}
 {{- fail "sidecar.port must differ from config.admin.port" }}
 {{- end }}
+{{- if and $v.sidecar.enabled (eq (int $v.sidecar.port) (int $v.sidecar.adminPort)) }}
+{{- fail "sidecar.adminPort must differ from sidecar.port (OTLP/gRPC)" }}
+{{- end }}
 {{- if and $v.podDisruptionBudget.enabled (not $v.autoscaling.enabled) (ge (int $v.podDisruptionBudget.maxUnavailable) (int $v.replicaCount)) (gt (int $v.replicaCount) 1) }}
 {{- fail "podDisruptionBudget.maxUnavailable must be lower than replicaCount, or a drain may stop every consumer at once" }}
 {{- end }}
