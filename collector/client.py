@@ -183,12 +183,17 @@ def _ready(row: Mapping[str, Any]) -> bool:
     return row.get("error_code") == 0 and bool(parts) and all(p.get("leader", -1) >= 0 for p in parts)
 
 
-async def _warn_about_topic_configs(admin: Any, topics: TopicsConfig, rows: Sequence[Mapping[str, Any]]) -> None:
+async def _warn_about_topic_configs(
+    admin: Any, topics: TopicsConfig, rows: Sequence[Mapping[str, Any]], keep_ms: int | None = None
+) -> None:
     """Warn about existing topics set up against their use (``rows``: their metadata): an observations
     topic that deletes (a score's evidence then vanishes), a compacted spans topic (spans lost), a
-    topic with one replica in a cluster of several brokers. Only a check: never fails the set-up."""
+    topic with one replica in a cluster of several brokers, and control or scores topics that delete
+    records sooner than ``keep_ms`` (how long the service relies on them). Only a check: never fails
+    the set-up."""
     try:
-        configs = await describe_topic_configs(admin, [topics.spans, topics.observations])
+        named = [topics.spans, topics.observations, topics.control, topics.scores]
+        configs = await describe_topic_configs(admin, named)
         brokers = len((await admin.describe_cluster()).get("brokers") or [])
     except Exception as exc:
         log.debug("could not read the configs of the toolwitness topics: %r", exc)
@@ -214,6 +219,22 @@ async def _warn_about_topic_configs(admin: Any, topics: TopicsConfig, rows: Sequ
             "records without a key; use cleanup.policy=delete",
             topics.spans, configs[topics.spans]["cleanup.policy"],
         )
+    if keep_ms is not None:
+        # What a Redis data loss is recovered from (pipeline/recovery.py): the expectations, from
+        # the control topic, and what was already published, from the scores topic.
+        for name, role in ((topics.control, "re-registers expectations"), (topics.scores, "restores published scores")):
+            conf = configs.get(name, {})
+            retention = conf.get("retention.ms", "")
+            if "delete" in conf.get("cleanup.policy", "delete") and retention.lstrip("-").isdigit() and (
+                0 <= int(retention) < keep_ms
+            ):
+                log.warning(
+                    "topic %s deletes records after retention.ms=%s, sooner than redis.state_ttl_seconds (%d s): "
+                    "after a Redis data loss the service %s from it, and what it has deleted is not recovered "
+                    "(a published score may be judged and published again, with another verdict); set its "
+                    "retention.ms to %d or more",
+                    name, retention, keep_ms // 1000, role, keep_ms,
+                )
     if brokers > 1:
         for row in rows:
             parts = row.get("partitions") or []
@@ -247,6 +268,7 @@ async def ensure_topics(
     replication_factor: int | None = None,
     timeout_s: float = 30.0,
     client_id: str = "toolwitness-admin",
+    keep_ms: int | None = None,
 ) -> list[str]:
     """Create the toolwitness topics that do not exist yet; return the names created.
 
@@ -254,7 +276,9 @@ async def ensure_topics(
     (``cleanup.policy=compact``, keyed by content hash). Existing topics are left as they
     are. ``replication_factor`` defaults to min(3, brokers). Returns once every topic has a
     leader for each partition, within ``timeout_s``; raises ``TopicSetupError`` (or
-    ``TimeoutError``, naming the servers) otherwise.
+    ``TimeoutError``, naming the servers) otherwise. ``keep_ms``: how long the caller relies on
+    the control and scores topics keeping their records (the service: its state's TTL); a
+    shorter retention is warned about.
     """
     _check_timeout(timeout_s)
     topics = topics or TopicsConfig()
@@ -314,7 +338,7 @@ async def ensure_topics(
                         "topics not usable: " + ", ".join(f"{r['topic']} (error {r['error_code']})" for r in fatal)
                     )
                 await asyncio.sleep(0.05)
-            await _warn_about_topic_configs(admin, topics, rows)
+            await _warn_about_topic_configs(admin, topics, rows, keep_ms)
     except TimeoutError:
         raise TimeoutError(
             f"creating the toolwitness topics at {bootstrap_servers}: not ready within timeout_s={timeout_s}s "

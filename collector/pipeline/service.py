@@ -230,7 +230,10 @@ class ToolwitnessService:
         # Missing topics are created (replication min(3, brokers), observations compacted) and
         # waited for; a refusal (no CreateTopics permission, ...) fails the start with its reason.
         k = self.cfg.kafka
-        await ensure_topics(k.bootstrap_servers, k.topics, security=k.security, client_id=f"{k.client_id}-admin")
+        await ensure_topics(
+            k.bootstrap_servers, k.topics, security=k.security, client_id=f"{k.client_id}-admin",
+            keep_ms=self.cfg.redis.state_ttl_seconds * 1000,
+        )
         # The output topics' record limits: the exporter keeps its records and batches within them.
         await self.exporter.read_record_limits(self.cfg.limits.max_observation_bytes)
         await self.exporter.start()
