@@ -42,11 +42,12 @@ a secrets manager; sent only over TLS or to a loopback address), ``TOOLWITNESS_P
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,8 @@ class _Refused(Exception):
 @dataclass(slots=True)
 class _Health:
     failing: bool = False
+    #: a tool call's span was not recorded inside a recorded trace (said once per process)
+    unrecorded_warned: bool = False
 
 
 _health = _Health()
@@ -321,11 +324,34 @@ def _report_failure(exc: BaseException) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _start_span(tracer: Tracer | None, tool_name: str) -> Any:
-    t = tracer if tracer is not None else trace.get_tracer("toolwitness.boundary")
+def _start_span(tracer: Tracer | None, tool_name: str) -> contextlib.AbstractContextManager[Span]:
+    return _tool_span(tracer if tracer is not None else trace.get_tracer("toolwitness.boundary"), tool_name)
+
+
+@contextlib.contextmanager
+def _tool_span(t: Tracer, tool_name: str) -> Iterator[Span]:
+    parent = trace.get_current_span()
     # Status is set explicitly (a cancelled intercept is not a failed tool).
-    return t.start_as_current_span(
+    with t.start_as_current_span(
         f"execute_tool {tool_name}", kind=SpanKind.INTERNAL, record_exception=False, set_status_on_exception=False
+    ) as span:
+        if not span.is_recording() and parent.is_recording():
+            _warn_unrecorded(tool_name)
+        yield span
+
+
+def _warn_unrecorded(tool_name: str) -> None:
+    """The agent's trace is recorded but this tool's span is not: the tracer belongs to no SDK
+    provider (typically ``tracer=`` left out while no provider is set globally). The trace then
+    reads as complete without the call, so "it ran" would be FALSE and "it never ran" TRUE."""
+    if _health.unrecorded_warned:
+        log.debug("%s: tool call %r not recorded (no recording tracer)", COMPONENT, tool_name, extra=_EXTRA)
+        return
+    _health.unrecorded_warned = True
+    log.warning(
+        "%s: tool call %r was not recorded: its tracer records nothing, though the trace it runs in is "
+        "recorded (no TracerProvider set globally?); pass tracer=<your provider's tracer>, or the call "
+        "reads as never run (logged once)", COMPONENT, tool_name, extra=_EXTRA,
     )
 
 

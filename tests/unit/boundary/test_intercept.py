@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,8 +17,9 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NoOpTracer
 
-from collector.boundary import CapturePolicy, intercept_enabled, intercept_tool
+from collector.boundary import CapturePolicy, intercept_enabled, intercept_tool, make_tool_middleware
 from collector.boundary import intercept as intercept_mod
 from collector.boundary.wire import InterceptToolResponse, boundary_grpc
 from collector.poisoning.campaigns import Campaign, CampaignRegistry
@@ -143,6 +145,41 @@ async def test_string_results_are_recorded_as_is_and_call_ids_generated(
     a = attrs(exporter)
     assert a["gen_ai.tool.call.result"] == "line one"
     assert str(a["gen_ai.tool.call.id"]).startswith("call_")
+
+
+async def test_a_call_its_tracer_does_not_record_inside_a_recorded_trace_is_warned_about(
+    memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The agent's provider is not the global one and tracer= was left out (as seed SDK code
+    # does): the boundary's span goes nowhere while the agent's trace is recorded and can be
+    # marked complete, so the tool that ran would read as never run. A no-op tracer stands for
+    # the unset global provider (which another test may have set).
+    provider, exporter = memory_tracer
+    monkeypatch.setenv("TOOLWITNESS_TOOL_INTERCEPT", "true")
+    monkeypatch.setattr(intercept_mod, "_health", intercept_mod._Health())
+    tools = make_tool_middleware(lambda name, args: asyncio.sleep(0, result="ok"), session_id="s",
+                                 tracer=NoOpTracer())
+    with caplog.at_level(logging.WARNING, logger=intercept_mod.__name__):
+        # outside a recorded trace (sampled out, no SDK at all): nothing to warn about
+        await intercept_tool(tool_name="fetch_page", tool_arguments="{}", result="r", session_id="s",
+                             tracer=NoOpTracer())
+        assert caplog.records == []
+        with provider.get_tracer("agent").start_as_current_span("agent", context=Context()):
+            await intercept_tool(tool_name="fetch_page", tool_arguments="{}", result="r", session_id="s",
+                                 tracer=NoOpTracer())
+            await tools("send_email", {})
+    assert len(caplog.records) == 1, "once per process, not per call"
+    message = caplog.records[0].getMessage()
+    assert "'fetch_page' was not recorded" in message and "tracer=" in message
+    assert [s.name for s in exporter.get_finished_spans()] == ["agent"]
+
+    caplog.clear()
+    monkeypatch.setattr(intercept_mod, "_health", intercept_mod._Health())
+    with caplog.at_level(logging.WARNING, logger=intercept_mod.__name__), \
+            provider.get_tracer("agent").start_as_current_span("agent", context=Context()):
+        await intercept_tool(tool_name="fetch_page", tool_arguments="{}", result="r", session_id="s",
+                             tracer=provider.get_tracer("agent"))
+    assert caplog.records == []
 
 
 # --------------------------------------------------------------------------------------------------
