@@ -36,6 +36,7 @@ from collector.producer import RecordRefusedError, RenewingProducer, start_idemp
 from collector.receivers.decode import otlp_json_bytes
 from collector.telemetry.metrics import DROPPED, EXPORT_FAILURES
 from collector.wire.convert import TENANT
+from scoring.models.scorables import check_trace_id
 from scoring.normalize.spans import LENGTH_LIMITED_FLAG
 from scoring.score.observation.exporter import UnboundedAttributeLimitsError, check_attribute_limits
 
@@ -118,6 +119,13 @@ def split_by_trace(request: ExportTraceServiceRequest) -> dict[str, ExportTraceS
 # --------------------------------------------------------------------------------------------------
 
 
+def _key(trace_id: str) -> str:
+    """The counter's key: case folded, as before; anything but a str refused with what to pass."""
+    if not isinstance(trace_id, str):
+        check_trace_id(trace_id)
+    return trace_id.lower()
+
+
 class SpanCountingProcessor(SpanProcessor):
     """Counts, per trace id, every span the SDK records, from the moment it starts (thread-safe),
     for completion markers.
@@ -154,18 +162,21 @@ class SpanCountingProcessor(SpanProcessor):
         without a count, which proves nothing for a trace of which no span was seen. An explicit
         0 would claim the trace complete and empty, and make "tool X ran" FALSE for a tool that
         ran in a trace the counter never saw."""
+        key = _key(trace_id)
         with self._lock:
-            return self._counts.get(trace_id.lower())
+            return self._counts.get(key)
 
     def forget(self, trace_id: str) -> None:
         """Drop a trace's count (call after sending its completion marker)."""
+        key = _key(trace_id)
         with self._lock:
-            self._counts.pop(trace_id.lower(), None)
+            self._counts.pop(key, None)
 
     def pop(self, trace_id: str) -> int | None:
         """``count`` then ``forget``, atomically (``None`` likewise)."""
+        key = _key(trace_id)
         with self._lock:
-            return self._counts.pop(trace_id.lower(), None)
+            return self._counts.pop(key, None)
 
     def shutdown(self) -> None:
         """Nothing to release; counts stay readable after the provider shuts down."""

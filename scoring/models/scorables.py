@@ -14,6 +14,12 @@ _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 def check_trace_id(value: str) -> str:
     """Validate a W3C trace id: 32 lowercase hex characters, not all zero."""
+    if not isinstance(value, str):
+        # the OTel API hands out trace ids as ints (``SpanContext.trace_id``)
+        raise TypeError(
+            f"trace id must be a str of 32 lowercase hex characters, got {type(value).__name__}: "
+            "use opentelemetry.trace.format_trace_id(span.get_span_context().trace_id)"
+        )
     if not _TRACE_ID.fullmatch(value) or value == "0" * 32:
         raise ValueError(f"trace id must be 32 lowercase hex characters and not all zero, got {value!r}")
     return value

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, Samp
 from opentelemetry.trace import format_trace_id
 from pydantic import ValidationError
 
-from collector.client import build_expectation, kafka_security_kwargs, matcher_to_proto
+from collector.client import ToolwitnessClient, build_expectation, kafka_security_kwargs, matcher_to_proto
 from collector.config import KafkaSecurityConfig
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor, split_by_trace, split_by_trace_with_rejects
 from collector.receivers.otlp_grpc import SidecarConfig, create_sidecar
@@ -426,3 +426,21 @@ def test_exporter_shutdown_without_use() -> None:
     exporter = KafkaSpanExporter(bootstrap_servers="127.0.0.1:1")
     exporter.shutdown()
     exporter.shutdown()
+
+
+async def test_a_trace_id_given_as_the_otel_int_is_refused_saying_how_to_format_it() -> None:
+    # SpanContext.trace_id is an int; the counter and the client key traces by 32-hex text. They
+    # failed with "'int' object has no attribute 'lower'" / "expected string or bytes-like object".
+    provider = TracerProvider()
+    counter = SpanCountingProcessor()
+    provider.add_span_processor(counter)
+    with provider.get_tracer("t").start_as_current_span("agent") as root:
+        pass
+    raw = root.get_span_context().trace_id
+    for call in (counter.count, counter.pop, counter.forget):
+        with pytest.raises(TypeError, match=r"format_trace_id\(span.get_span_context\(\).trace_id\)"):
+            call(raw)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="format_trace_id"):
+        await ToolwitnessClient(bootstrap_servers="127.0.0.1:1").mark_complete(raw, span_count=1)  # type: ignore[arg-type]
+    assert counter.count(format_trace_id(raw)) == 1 and counter.count(format_trace_id(raw).upper()) == 1
+    provider.shutdown()
