@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from scoring.models.evidence import LATE_SPAN, RETENTION_EXPIRED, CompletionSource, Coverage
+from scoring.models.scorables import check_trace_id
 from scoring.normalize.spans import NeutralSpan
 from scoring.normalize.trace import TraceAssembly
 
@@ -88,6 +89,9 @@ class InMemoryTraceClient:
         if isinstance(trace_ids, str | bytes):
             raise TypeError(f"trace_ids must be a sequence of trace ids, not one {type(trace_ids).__name__}: "
                             f"mark_complete(trace_ids=({trace_ids!r},))")
+        # Spans are kept under their 32-hex id: a claim about any other spelling would complete
+        # no trace, and the scores it was meant to decide stay UNDETERMINED without a word.
+        trace_ids = [check_trace_id(t) for t in trace_ids]
         with self._lock:
             self._check_open()
             for t in trace_ids:

@@ -266,6 +266,23 @@ def test_mark_complete_refuses_one_bare_trace_id(client: InMemoryTraceClient) ->
         client.mark_complete(trace_ids=TRACE_A)  # type: ignore[arg-type]
 
 
+async def test_mark_complete_refuses_a_trace_id_no_span_can_be_kept_under(
+    client: InMemoryTraceClient, scorer: OtelToolCallScorer
+) -> None:
+    # Upper case (as some UIs show ids) or OTel's int: the claim completed no trace, silently,
+    # and "email never ran" stayed UNDETERMINED with nothing saying why.
+    client.add_spans([tool_span(TRACE_A, 1)])
+    with pytest.raises(ValueError, match="lowercase hex"):
+        client.mark_complete(trace_ids=(TRACE_A.upper(),), span_count=1)
+    with pytest.raises(TypeError, match="format_trace_id"):
+        client.mark_complete(trace_ids=(int(TRACE_A, 16),), span_count=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lowercase hex"):  # refused whole: TRACE_A not claimed either
+        client.mark_complete(trace_ids=(TRACE_A, "trace-b"), span_count=1)
+    assert await verdict(scorer, TraceScorable(trace_ids=(TRACE_A,)), expects("email")) is U
+    client.mark_complete(trace_ids=(TRACE_A,), span_count=1)
+    assert await verdict(scorer, TraceScorable(trace_ids=(TRACE_A,)), expects("email")) is F
+
+
 async def test_mark_complete_with_span_count_waits_for_the_spans(
     client: InMemoryTraceClient, scorer: OtelToolCallScorer
 ) -> None:
