@@ -416,6 +416,10 @@ def build_expectation(
     ``completion.default_deadline_seconds``."""
     if not expectation_id:
         raise ValueError("expectation_id must not be empty")
+    if deadline is not None and not isinstance(deadline, timedelta):
+        raise TypeError(
+            f"deadline must be a datetime.timedelta, e.g. timedelta(seconds=30), got {type(deadline).__name__}"
+        )
     if deadline is not None and deadline <= timedelta(0):
         raise ValueError(f"deadline must be positive, got {deadline}")
     try:  # the service's bounds, here where the caller can still act on them
@@ -1090,6 +1094,10 @@ class ToolwitnessClient:
         client cancelled the expectation (before or meanwhile), ``ValueError`` for another tenant's
         expectation on a client without ``all_tenants``.
         """
+        if isinstance(timeout, timedelta):  # expect's deadline is one; this wait is in seconds
+            raise TypeError(
+                f"timeout is in seconds (e.g. timeout=30), not a timedelta: pass {timeout!r}.total_seconds()"
+            )
         self._require_started()
         if timeout is None or not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")

@@ -80,6 +80,11 @@ class StreamingToolScorer(TrueFalseScorer):
         categories: Sequence[str] | None = None,
     ) -> None:
         super().__init__(categories=categories)
+        for name, value in (("deadline", deadline), ("wait_margin", wait_margin)):
+            if not isinstance(value, timedelta):
+                raise TypeError(
+                    f"{name} must be a datetime.timedelta, e.g. timedelta(seconds=30), got {type(value).__name__}"
+                )
         if deadline <= timedelta(0):
             raise ValueError(f"deadline must be positive, got {deadline}")
         if wait_margin < timedelta(0):

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, Samp
 from opentelemetry.trace import format_trace_id
 from pydantic import ValidationError
 
+from collector.boundary.streaming import StreamingToolScorer
 from collector.client import ToolwitnessClient, build_expectation, kafka_security_kwargs, matcher_to_proto
 from collector.config import KafkaSecurityConfig
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor, split_by_trace, split_by_trace_with_rejects
@@ -444,3 +445,18 @@ async def test_a_trace_id_given_as_the_otel_int_is_refused_saying_how_to_format_
         await ToolwitnessClient(bootstrap_servers="127.0.0.1:1").mark_complete(raw, span_count=1)  # type: ignore[arg-type]
     assert counter.count(format_trace_id(raw)) == 1 and counter.count(format_trace_id(raw).upper()) == 1
     provider.shutdown()
+
+
+async def test_a_deadline_or_timeout_of_the_wrong_kind_says_which_kind() -> None:
+    # expect's deadline is a timedelta, wait_for's timeout a number of seconds: the other one
+    # failed with "'<=' not supported between instances of 'int' and 'datetime.timedelta'".
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1")
+    scope = TraceScorable(trace_ids=("ab" * 16,))
+    called = [ToolsCalled(tools=(ToolCallRequirement(name="t"),))]
+    with pytest.raises(TypeError, match=r"deadline must be a datetime.timedelta, e.g. timedelta\(seconds=30\)"):
+        await tw.expect(scope, conditions=called, deadline=30)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"timeout is in seconds .*total_seconds\(\)"):
+        await tw.wait_for("e1", timeout=timedelta(seconds=30))  # type: ignore[arg-type]
+    for kwargs in ({"deadline": 30}, {"wait_margin": 5.0}):
+        with pytest.raises(TypeError, match=r"must be a datetime\.timedelta"):
+            StreamingToolScorer(tw, **kwargs)  # type: ignore[arg-type]
