@@ -2,7 +2,7 @@
 
     async with ToolwitnessClient(bootstrap_servers="127.0.0.1:19092", tenant="default") as tw:
         eid = await tw.expect(TraceScorable(trace_ids=(trace_id,)), conditions=[ToolsCalled(...)])
-        await tw.mark_complete(trace_id, span_count=counter.count(trace_id))
+        await tw.mark_complete(trace_id, span_count=counter.pop(trace_id))
         event = await tw.wait_for(eid, timeout=30)
 
 Everything goes through Kafka (the wire contract in ``proto/toolwitness/v1``):

@@ -138,7 +138,7 @@ async def run_demo() -> int:
                 f"  missing tool: registered and evaluated, score so far: {pending_note} (trace may still grow)"
             )
             t0 = time.monotonic()
-            await tw.mark_complete(trace_id, span_count=counter.count(trace_id))
+            await tw.mark_complete(trace_id, span_count=counter.pop(trace_id))
             ev2 = await tw.wait_for(e2, timeout=60)
             show("missing tool, after marker", "summarize ran", ev2, 2)
             console.print(f"    (FALSE arrived {1000 * (time.monotonic() - t0):.0f} ms after the marker)")

@@ -5,7 +5,7 @@
     provider.add_span_processor(counter)
     provider.add_span_processor(BatchSpanProcessor(KafkaSpanExporter(bootstrap_servers="127.0.0.1:19092")))
     ...
-    await tw.mark_complete(trace_id, span_count=counter.count(trace_id))
+    await tw.mark_complete(trace_id, span_count=counter.pop(trace_id))
 
 ``KafkaSpanExporter`` writes what the Collector's kafkaexporter writes (``otlp_proto``,
 partitioned by trace id): one ``ExportTraceServiceRequest`` per trace per export call,
