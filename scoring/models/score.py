@@ -20,8 +20,8 @@ class Score(BaseModel):
     """One judgment. ``get_value()`` is True/False/float, or None when undetermined.
 
     PyRIT's spellings work too: ``score_rationale`` and ``score_metadata`` as constructor
-    arguments and as read-only attributes, and ``scored_expectation``, ``message_piece_id`` and
-    ``is_undetermined`` as read-only attributes. Serialized scores keep our field names
+    arguments and as read-only attributes, and ``scored_expectation``, ``message_piece_id``,
+    ``scorer_class_identifier`` and ``is_undetermined`` as read-only attributes. Serialized scores keep our field names
     (``rationale``, ``metadata``): stored and streamed records are read by them.
     """
 
@@ -107,6 +107,12 @@ class Score(BaseModel):
         if self.objective is not None:
             return ScoringExpectation(objective=self.objective)
         return None
+
+    @property
+    def scorer_class_identifier(self) -> dict[str, str]:
+        """The scorer that made it, as PyRIT's dict: ``__type__`` is its class name; ours adds
+        ``scorer_hash``, the hash of its whole identity (the same configuration, the same hash)."""
+        return {"__type__": self.scorer_class, "scorer_hash": self.scorer_hash}
 
     @property
     def message_piece_id(self) -> str | None:

@@ -118,6 +118,13 @@ async def test_scored_expectation_carries_the_objective_as_pyrit_does() -> None:
     assert _score().scored_expectation is None
 
 
+async def test_scorer_class_identifier_names_the_scorer_class_as_pyrit_does() -> None:
+    scorer = SubStringScorer(substring="x")
+    score = (await scorer.score_text_async(text="x"))[0]
+    assert score.scorer_class_identifier == {"__type__": "SubStringScorer", "scorer_hash": scorer.get_identifier().hash}
+    assert "scorer_class_identifier" not in score.model_dump()  # read-only: not serialized
+
+
 def test_message_piece_id_is_the_scored_piece() -> None:
     assert _score(scorable=MessageScorable(message_id="piece-1")).message_piece_id == "piece-1"
     assert _score().message_piece_id is None
