@@ -9,12 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import re._constants as _sre  # type: ignore[import-not-found]  # the parser's node kinds
-import re._parser as _sre_parse  # type: ignore[import-not-found]
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 from google.protobuf import json_format
@@ -24,6 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import ValidationError
 
 from collector.wire.gen import common_pb2, control_pb2, score_pb2
+from collector.wire.regex_safety import backtracking_problem
 from scoring.models import (
     Acquisition,
     ArgumentMatcher,
@@ -143,58 +142,28 @@ class RegisteredExpectation:
 # --- control: proto -> models ---------------------------------------------------------------------
 
 
-#: a repetition allowed more than this many times counts as unbounded (``{1,1000}`` as ``+``)
-_FEW_REPEATS = 16
-
-
-def _backtracks(items: Any, outer: int = 0) -> bool:
-    """Whether a parsed pattern nests a repetition of varying length inside another repetition
-    such that a failing match tries exponentially (or polynomially, to a high degree) many ways:
-    ``(a+)+``, ``(\\w+\\s?)*``, ``(a?a?)+``, ``(.*x){12}``. ``outer``: 0 outside any repetition
-    (or one of at most two rounds: quadratic at worst), 1 inside one repeated a few times, 2 inside
-    an unbounded one. Atomic groups and possessive repetitions are never backtracked into: what
-    they hold starts afresh. Alternatives that overlap (``(a|a)+``) are not looked for."""
-    for op, av in items:
-        inner: list[tuple[Any, int]]
-        if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT):
-            lo, hi, body = av
-            unbounded = hi > _FEW_REPEATS
-            if outer and lo != hi and (outer == 2 or unbounded):
-                return True
-            inner = [(body, max(outer, 2 if unbounded else 1 if hi > 2 else 0))]
-        elif op is _sre.POSSESSIVE_REPEAT:
-            inner = [(av[2], 0)]
-        elif op is _sre.ATOMIC_GROUP:
-            inner = [(av, 0)]
-        elif op is _sre.SUBPATTERN:
-            inner = [(av[3], outer)]
-        elif op is _sre.BRANCH:
-            inner = [(b, outer) for b in av[1]]
-        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
-            inner = [(av[1], outer)]
-        elif op is _sre.GROUPREF_EXISTS:
-            inner = [(b, outer) for b in av[1:] if b is not None]
-        else:
-            continue
-        if any(_backtracks(b, o) for b, o in inner):
-            return True
-    return False
+#: why ``check_regex`` refuses, by ``backtracking_problem``'s cause
+_BACKTRACKING = {
+    "nested": "a repetition of varying length sits in another repetition and no character it cannot "
+    "match separates the iterations (as in (\\w+\\s?)+): exponential time",
+    "alternatives": "alternatives in a repetition can match the same text (as in (a|a)+ or (.|\\s)*): exponential time",
+    "adjacent": "three or more adjacent unbounded repetitions can match the same characters (as in "
+    "\\w*\\w*\\w*x): time of the cube of the length or worse",
+    "too_deep": "it is nested too deeply to check",
+}
 
 
 def check_regex(pattern: str) -> None:
     """Refuse a matcher regex that backtracks catastrophically. It runs on the agent's arguments,
     which the model under test steers, inside the service's event loop: ``^(\\w+\\s?)+$`` on 40
-    letters and a ``!`` would stall every tenant's scoring for hours."""
-    try:
-        parsed = _sre_parse.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
-        return  # not a regex at all: the matcher's own validation says so (invalid_expectation)
-    if _backtracks(parsed):
+    letters and a ``!`` would stall every tenant's scoring for hours. What is refused, and what is
+    not, is described in ``collector.wire.regex_safety``."""
+    cause = backtracking_problem(pattern)
+    if cause is not None:
         raise ControlDecodeError(
             "invalid_matcher",
-            f"regex {pattern[:80]!r} nests a repetition of varying length in another repetition, which can "
-            "take exponential time on the agent's arguments; make the inner or outer one possessive "
-            "(a++, (?>...)) or rewrite it",
+            f"regex {pattern[:80]!r} can backtrack for hours on the agent's arguments: {_BACKTRACKING[cause]}; "
+            "make the repetition possessive (a++, (?:...)++) or atomic ((?>...)), or rewrite it",
         )
 
 
