@@ -365,18 +365,26 @@ def header(rec: ConsumerRecord[bytes, bytes], name: str) -> str | None:
     return None
 
 
-async def scrape_metrics(port: int, host: str = "127.0.0.1") -> str:
-    """GET /metrics from the service's admin endpoint (HTTP/1.1, connection closed by the server)."""
-    async with asyncio.timeout(10):
+async def admin_get(port: int, path: str, host: str = "127.0.0.1", timeout: float = 10) -> tuple[int, str]:
+    """GET ``path`` from an admin endpoint (HTTP/1.1, connection closed by the server): (status, body)."""
+    async with asyncio.timeout(timeout):
         reader, writer = await asyncio.open_connection(host, port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
         await writer.drain()
         raw = await reader.read()
         writer.close()
         await writer.wait_closed()
     head, _, body = raw.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head[:80]
-    return body.decode()
+    parts = head.split(b" ", 2)
+    assert len(parts) > 1 and parts[1].isdigit(), head[:80]
+    return int(parts[1]), body.decode()
+
+
+async def scrape_metrics(port: int, host: str = "127.0.0.1") -> str:
+    """GET /metrics from the service's admin endpoint; it must answer 200."""
+    status, body = await admin_get(port, "/metrics", host)
+    assert status == 200, status
+    return body
 
 
 def metric_value(text: str, sample: str, labels: Mapping[str, str]) -> float:

@@ -83,6 +83,7 @@ from scoring.models import (
 )
 from scoring.models.conditions import Condition
 from scoring.models.evidence import CaptureState, CompletionSource
+from tests.integration.harness import admin_get
 
 pytestmark = pytest.mark.integration
 
@@ -1145,18 +1146,6 @@ async def test_a_sidecar_with_a_tenant_stamps_it_on_every_record(kafka_bootstrap
         SidecarConfig(tenant="acme corp")
 
 
-async def _get(port: int, path: str) -> tuple[int, str]:
-    """GET ``path`` on 127.0.0.1:``port``: (status, body)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body.decode()
-
-
 async def test_the_sidecar_serves_health_readiness_and_metrics_on_its_admin_port(
     kafka_bootstrap: str, topics: TopicsConfig
 ) -> None:
@@ -1170,14 +1159,14 @@ async def test_the_sidecar_serves_health_readiness_and_metrics_on_its_admin_port
     task = asyncio.create_task(run_sidecar(cfg, env={}, on_started=started.set_result))
     async with asyncio.timeout(TIMEOUT_S):
         receiver = await asyncio.shield(started)
-        assert await _get(admin_port, "/healthz") == (200, "ok\n")
-        assert (await _get(admin_port, "/readyz"))[0] == 200
+        assert await admin_get(admin_port, "/healthz") == (200, "ok\n")
+        assert (await admin_get(admin_port, "/readyz"))[0] == 200
         otlp = OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=10)
         try:
             assert await asyncio.to_thread(otlp.export, spans) is SpanExportResult.SUCCESS
         finally:
             await asyncio.to_thread(otlp.shutdown)
-        status, metrics = await _get(admin_port, "/metrics")
+        status, metrics = await admin_get(admin_port, "/metrics")
         assert status == 200
         sample = 'toolwitness_spans_received_total{component="otlp_grpc"}'
         forwarded = [line for line in metrics.splitlines() if line.startswith(sample)]
@@ -1185,8 +1174,8 @@ async def test_the_sidecar_serves_health_readiness_and_metrics_on_its_admin_port
         # forwarding has failed for longer than the readiness bound: not ready (the Service then
         # sends the agents' exports to another sidecar), still alive
         receiver.failing_since = time.monotonic() - 11
-        assert (await _get(admin_port, "/readyz"))[0] == 503
-        assert (await _get(admin_port, "/healthz"))[0] == 200
+        assert (await admin_get(admin_port, "/readyz"))[0] == 503
+        assert (await admin_get(admin_port, "/healthz"))[0] == 200
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

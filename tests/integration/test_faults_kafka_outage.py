@@ -37,6 +37,7 @@ from scoring.models import TraceScorable
 from tests.integration.harness import (
     IsolatedServices,
     ServiceProcess,
+    admin_get,
     counter_value,
     expects,
     fail_on_timeout,
@@ -60,17 +61,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 async def http_status(port: int, path: str) -> int | None:
     """The status of GET ``path`` on the admin endpoint; None when it does not answer."""
     try:
-        async with asyncio.timeout(5):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
-            await writer.drain()
-            raw = await reader.read()
-            writer.close()
-            await writer.wait_closed()
-    except (OSError, TimeoutError):
+        return (await admin_get(port, path, timeout=5))[0]
+    except (OSError, TimeoutError, AssertionError):
         return None
-    parts = raw.split(b" ", 2)
-    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
 async def status_is(port: int, path: str, expected: int) -> bool:
