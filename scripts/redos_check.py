@@ -6,7 +6,8 @@ adjacent repetitions, a polynomial, also n = 1024 characters: the service's defa
 ``limits.max_argument_bytes``), and, for each accepted pattern, the slowest of the hostile
 1024-character texts (the pumps of the tests, then ``!`` or ``?``). Each run is in a child process
 killed after ``--timeout`` seconds (">Ns"). It is a report, not a test: the figures depend on the
-machine.
+machine. The matchers themselves run on the ``regex`` engine with a time limit
+(``scoring.verdict.conditions``); the refusals are still judged on ``re``'s backtracking.
 
 Usage: python scripts/redos_check.py [--timeout 20]
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+import regex as regex_engine
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 
@@ -58,10 +59,16 @@ class ArgumentMatcher(_Frozen):
         if sum(kinds) != 1:
             raise ValueError("an ArgumentMatcher needs exactly one of equals, regex, minimum/maximum, one_of")
         if self.regex is not None:
+            # Python's ``re`` syntax, run on the ``regex`` engine (its V0 dialect, see
+            # ``scoring.verdict.conditions._regex``): a pattern must be valid in both.
             try:
                 re.compile(self.regex)
             except re.error as exc:
                 raise ValueError(f"invalid regex {self.regex!r}: {exc}") from exc
+            try:
+                regex_engine.compile(self.regex, regex_engine.V0)
+            except regex_engine.error as exc:
+                raise ValueError(f"invalid regex {self.regex!r} (for the regex engine matchers run on): {exc}") from exc
         if not self.path.startswith("$"):
             raise ValueError(f"JSONPath must start with '$', got {self.path!r}")
         # Reject paths the judge cannot evaluate now, not with a crash at judging time.

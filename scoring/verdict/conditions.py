@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import html
 import json
+import logging
 import re
 import unicodedata
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote_plus
+
+import regex
 
 from scoring.models.conditions import (
     ArgumentMatcher,
@@ -293,13 +297,65 @@ def _parse_arguments(raw: str) -> Any:
         return _NOT_JSON
 
 
+#: How long one argument regex may run on one value before its match counts as not known
+#: (UNDETERMINED). The pattern is the harness's, the text the model's: a search may be
+#: polynomial, or worse, in the text's length, and it runs inside the streaming service's
+#: event loop, for every tenant at once.
+REGEX_TIMEOUT_S = 0.25
+#: (pattern, blake2b of the text) pairs whose search ran out of time, most recent last: a trace is
+#: judged again with every batch that brings it a span, and each judgment would wait again.
+_TIMED_OUT: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+_TIMED_OUT_MAX = 4096
+#: patterns that ran out of time at least once in this process (for the rationale), bounded.
+_SLOW_PATTERNS: OrderedDict[str, None] = OrderedDict()
+
+log = logging.getLogger(__name__)
+
+
 @lru_cache(maxsize=256)
-def _regex(pattern: str) -> re.Pattern[str]:
+def _regex(pattern: str) -> regex.Pattern[str]:
+    """The compiled matcher regex, on the ``regex`` engine in its ``re``-compatible V0 dialect.
+
+    Not ``re``: its searches take time quadratic in the text even for ordinary patterns
+    (``[a-z0-9]+@evil\\.com`` on 64 KiB of digits: ~13 s; ``regex``: under a millisecond), and
+    cannot be stopped; ``regex`` takes a timeout. Its ``\\w``, ``\\b`` and ``\\s`` follow Unicode's
+    definitions, which differ from ``re``'s on a few characters (a combining mark or a zero-width
+    joiner is a word character; ``\\x1c``-``\\x1f`` are not white space; ``½`` is not a word character)."""
     # A final ``$`` means the end of the value: Python's also matches before a trailing newline,
     # so an allow-list ``^ls$`` would accept "ls\n".
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1] + "\\Z"
-    return re.compile(pattern)
+    return regex.compile(pattern, regex.V0)
+
+
+def _text_key(pattern: str, text: str) -> tuple[str, bytes]:
+    return pattern, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _search(pattern: str, text: str) -> Verdict:
+    """TRUE if the matcher regex ``pattern`` matches somewhere in ``text``; UNDETERMINED if the
+    search did not finish within ``REGEX_TIMEOUT_S`` (now or before, on the same text)."""
+    key = _text_key(pattern, text) if len(text) > 256 else None  # a short text is quick to search
+    if key is not None and key in _TIMED_OUT:
+        _TIMED_OUT.move_to_end(key)
+        return U
+    try:
+        return T if _regex(pattern).search(text, timeout=REGEX_TIMEOUT_S) is not None else F
+    except TimeoutError:
+        pass
+    _TIMED_OUT[key if key is not None else _text_key(pattern, text)] = None
+    while len(_TIMED_OUT) > _TIMED_OUT_MAX:
+        _TIMED_OUT.popitem(last=False)
+    if pattern not in _SLOW_PATTERNS:
+        log.warning(
+            "argument regex %r did not finish within %s s on a %d-character value: that match is not "
+            "known (UNDETERMINED); a possessive or atomic repetition, or a narrower pattern, avoids it",
+            pattern[:80], REGEX_TIMEOUT_S, len(text),
+        )
+        _SLOW_PATTERNS[pattern] = None
+        while len(_SLOW_PATTERNS) > 256:
+            _SLOW_PATTERNS.popitem(last=False)
+    return U
 
 
 def _regex_text(v: Any) -> str:
@@ -324,8 +380,12 @@ def match_arguments(matcher: ArgumentMatcher, execution: ToolExecution) -> Verdi
         want = _canon_eq(matcher.equals)
         return Verdict.of(any(_canon_eq(v) == want for v in values))
     if kind == "regex" and matcher.regex is not None:
-        rx = _regex(matcher.regex)
-        return Verdict.of(any(rx.search(v if isinstance(v, str) else _regex_text(v)) for v in values))
+        found = F
+        for v in values:
+            found = any_of([found, _search(matcher.regex, v if isinstance(v, str) else _regex_text(v))])
+            if found is T:
+                break
+        return found
     if kind == "one_of" and matcher.one_of is not None:
         allowed = {_canon_eq(x) for x in matcher.one_of}
         return Verdict.of(any(_canon_eq(v) in allowed for v in values))
@@ -377,6 +437,8 @@ def _why_unsure(req: ToolCallRequirement) -> str:
     unknown = []
     if req.arguments:
         unknown.append("arguments not fully captured")
+        if any(m.regex is not None and m.regex in _SLOW_PATTERNS for m in req.arguments):
+            unknown.append(f"matched by a regex that did not finish within {REGEX_TIMEOUT_S} s")
     if req.status != "any":
         unknown.append("status not known (span not ended, or its attributes dropped)")
     return "some executions' " + " or ".join(unknown) if unknown else "some executions may not match"
