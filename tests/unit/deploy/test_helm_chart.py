@@ -21,7 +21,7 @@ import yaml
 
 from collector.config import ServiceConfig, load_config
 from collector.processors.decide import Decider
-from tests.unit.deploy.helpers import CHART, EXAMPLES, RELEASE, Helm, example_names, parse_docs
+from tests.unit.deploy.helpers import CHART, EXAMPLES, NAMESPACE, RELEASE, Helm, example_names, parse_docs
 
 EXAMPLE_NAMES = example_names()
 
@@ -647,6 +647,110 @@ def test_autoscaling_example_scales_on_cpu_and_kafka_lag(rendered: dict[str, lis
     assert external["target"]["type"] == "AverageValue"
 
 
+# --------------------------------------------------------------------------- sidecar availability and placement
+
+SIDECAR = f"{RELEASE}-sidecar"
+
+
+def test_the_sidecar_has_its_own_disruption_budget(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """A drain evicts one sidecar pod at a time: the others keep receiving the agents' exports."""
+    docs = rendered["sidecar"]
+    sidecar = one(docs, "Deployment", SIDECAR)
+    assert sidecar["spec"]["replicas"] == 2
+    pdb = one(docs, "PodDisruptionBudget", SIDECAR)
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == sidecar["spec"]["selector"]
+    # A not-ready sidecar gets no exports: evicting it never waits (all of them unready while Kafka is down).
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # Each budget counts only its own Deployment's pods.
+    pod_labels = sidecar["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    scorer_pdb = one(docs, "PodDisruptionBudget")
+    assert not scorer_pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    scorer_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not pdb["spec"]["selector"]["matchLabels"].items() <= scorer_labels.items()
+
+
+def test_a_single_sidecar_pod_never_blocks_a_drain(helm: Helm, tmp_path: Path) -> None:
+    docs = helm.render_docs(sets=["sidecar.enabled=true"])  # replicaCount 1
+    assert one(docs, "Deployment", SIDECAR)["spec"]["replicas"] == 1
+    spec = one(docs, "PodDisruptionBudget", SIDECAR)["spec"]
+    assert spec["maxUnavailable"] == 1 and "minAvailable" not in spec  # minAvailable 1 would block forever
+    for sets in (["sidecar.enabled=true", "sidecar.podDisruptionBudget.maxUnavailable=0"],
+                 ["sidecar.enabled=true", "sidecar.podDisruptionBudget.minAvailable=1"]):
+        proc = helm.template(sets=sets)
+        assert proc.returncode != 0 and "/sidecar/podDisruptionBudget" in proc.stderr, (sets, proc.stderr)
+    # Opt out; and no sidecar, no sidecar budget.
+    off = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.podDisruptionBudget.enabled=false"])
+    assert [d["metadata"]["name"] for d in kinds(off, "PodDisruptionBudget")] == [RELEASE]
+    assert [d["metadata"]["name"] for d in kinds(helm.render_docs(), "PodDisruptionBudget")] == [RELEASE]
+    # The eviction policy is left out for a cluster that predates it (Kubernetes < 1.27).
+    old = helm.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "sidecar.enabled=true",
+                   "--kube-version", "1.26.0")
+    assert old.returncode == 0, old.stderr
+    assert "unhealthyPodEvictionPolicy" not in one(parse_docs(old.stdout), "PodDisruptionBudget", SIDECAR)["spec"]
+    # The install notes say what one sidecar pod means.
+    assert "Only one sidecar pod" in notes_text(helm, tmp_path / "one", sets=["sidecar.enabled=true"])
+    assert "Only one sidecar pod" not in notes_text(
+        helm, tmp_path / "two", sets=["sidecar.enabled=true", "sidecar.replicaCount=2"])
+
+
+def test_the_sidecar_pods_spread_over_nodes_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["sidecar"]
+    for name in (RELEASE, SIDECAR):
+        dep = one(docs, "Deployment", name)
+        anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname", name
+        assert term["podAffinityTerm"]["labelSelector"] == dep["spec"]["selector"], name  # its own pods
+
+
+def test_sidecar_affinity_and_topology_spread(helm: Helm, tmp_path: Path) -> None:
+    """nodeAffinity (which nodes toolwitness may use) is shared like nodeSelector and tolerations; the
+    scorer's pod (anti-)affinity and spread select scorer pods and stay the scorer's."""
+    pool = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["toolwitness"]}]}]}}
+    hard = {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "scorer-only"}}}]}
+    zone = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"affinity": {"nodeAffinity": pool, "podAntiAffinity": hard},
+                                      "topologySpreadConstraints": [zone], "sidecar": {"enabled": True}}))
+    docs = helm.render_docs([values])
+    pod = one(docs, "Deployment", SIDECAR)["spec"]["template"]["spec"]
+    selector = one(docs, "Deployment", SIDECAR)["spec"]["selector"]
+    assert pod["affinity"]["nodeAffinity"] == pool
+    assert "podAffinity" not in pod["affinity"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"] == selector
+    assert "topologySpreadConstraints" not in pod
+    # The sidecar's own: its nodeAffinity wins over the scorer's, the rest is used as written, and a
+    # constraint without labelSelector selects the sidecar pods.
+    agents = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}]}}
+    near = {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "podAffinityTerm": {
+        "topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "agent"}}}}]}
+    own = {"matchLabels": {"app.kubernetes.io/component": "sidecar", "tier": "ingest"}}
+    values.write_text(yaml.safe_dump({
+        "affinity": {"nodeAffinity": pool},
+        "sidecar": {"enabled": True, "affinity": {"nodeAffinity": agents, "podAffinity": near, "podAntiAffinity": hard},
+                    "topologySpreadConstraints": [zone, {**zone, "topologyKey": "kubernetes.io/hostname",
+                                                         "labelSelector": own}]},
+    }))
+    docs = helm.render_docs([values])
+    pod = one(docs, "Deployment", SIDECAR)["spec"]["template"]["spec"]
+    assert pod["affinity"] == {"nodeAffinity": agents, "podAffinity": near, "podAntiAffinity": hard}
+    assert pod["topologySpreadConstraints"] == [{**zone, "labelSelector": selector},
+                                                {**zone, "topologyKey": "kubernetes.io/hostname", "labelSelector": own}]
+    scorer = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert scorer["affinity"]["nodeAffinity"] == pool
+    assert "topologySpreadConstraints" not in scorer
+    values.write_text(yaml.safe_dump({"sidecar": {"enabled": True, "topologySpreadConstraints": [{"maxSkew": 1}]}}))
+    proc = helm.template([values])
+    assert proc.returncode != 0 and "/sidecar/topologySpreadConstraints/0" in proc.stderr, proc.stderr
+
+
 # --------------------------------------------------------------------------- network
 
 
@@ -765,6 +869,8 @@ def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, 
         (["autoscaling.enabled=true", "resources.requests.cpu="], "a percentage of resources.requests.cpu"),
         (["podDisruptionBudget.maxUnavailable=2"], "maxUnavailable must be lower than replicaCount"),
         (["sidecar.enabled=true", "sidecar.port=8888"], "sidecar.port must differ"),
+        (["sidecar.enabled=true", "sidecar.replicaCount=3", "sidecar.podDisruptionBudget.maxUnavailable=3"],
+         "sidecar.podDisruptionBudget.maxUnavailable must be lower than sidecar.replicaCount"),
     ],
 )
 def test_fail_fast_checks(helm: Helm, sets: list[str], message: str) -> None:
@@ -877,7 +983,7 @@ def test_control_topic_writable_only_by_the_control_plane(rendered: dict[str, li
     assert script.count("kafka-acls.sh") == len(acls) + 1  # one --add per entry, plus the --list check
 
 
-def test_notes_validate_and_show_the_acls(helm: Helm, tmp_path: Path) -> None:
+def notes_text(helm: Helm, tmp_path: Path, values: list[Path] | None = None, sets: list[str] | None = None) -> str:
     """NOTES.txt is not printed by `helm template`: render it through a probe template."""
     chart = tmp_path / "toolwitness"
     shutil.copytree(CHART, chart)
@@ -887,9 +993,14 @@ def test_notes_validate_and_show_the_acls(helm: Helm, tmp_path: Path) -> None:
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-probe\n"
         'data:\n  notes: {{ include "probe.notes" . | toJson }}\n'
     )
-    proc = helm.template([example_values("sasl-tls")], chart=chart)
+    proc = helm.template(values or [], sets or [], chart=chart)
     assert proc.returncode == 0, proc.stderr
-    text = one(parse_docs(proc.stdout), "ConfigMap", "notes-probe")["data"]["notes"]
+    text: str = one(parse_docs(proc.stdout), "ConfigMap", "notes-probe")["data"]["notes"]
+    return text
+
+
+def test_notes_validate_and_show_the_acls(helm: Helm, tmp_path: Path) -> None:
+    text = notes_text(helm, tmp_path, [example_values("sasl-tls")])
     assert "Only the control plane may write" in text
     assert "User:toolwitness-control-plane: Write,Describe on topic toolwitness.control" in text
     assert "/healthz" in text and "/readyz" in text and "/metrics" in text

@@ -129,6 +129,55 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
+{{/*
+Affinity and topology spread of one Deployment's pods, from a dict: root; affinity
+({nodeAffinity, podAffinity, podAntiAffinity}, each passed as written); constraints
+(topologySpreadConstraints items); selector (the name of the template of the pods' selector
+labels); spread (what the default anti-affinity spreads, for its comment). An empty
+podAntiAffinity means a soft spread of the Deployment's own pods over nodes; a constraint
+without labelSelector selects the Deployment's own pods.
+*/}}
+{{- define "toolwitness.placement" -}}
+{{- $selector := include .selector .root -}}
+affinity:
+  {{- with .affinity.nodeAffinity }}
+  nodeAffinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .affinity.podAffinity }}
+  podAffinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  podAntiAffinity:
+    {{- if .affinity.podAntiAffinity }}
+    {{- toYaml .affinity.podAntiAffinity | nindent 4 }}
+    {{- else }}
+    # Default: spread {{ .spread }} over nodes when possible.
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- $selector | nindent 14 }}
+    {{- end }}
+{{- with .constraints }}
+topologySpreadConstraints:
+  {{- range . }}
+  - maxSkew: {{ int .maxSkew }}
+    topologyKey: {{ .topologyKey }}
+    whenUnsatisfiable: {{ .whenUnsatisfiable }}
+    labelSelector:
+      {{- if .labelSelector }}
+      {{- toYaml .labelSelector | nindent 6 }}
+      {{- else }}
+      matchLabels:
+        {{- $selector | nindent 8 }}
+      {{- end }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Container resources, omitting empty quantities. */}}
 {{- define "toolwitness.resources" -}}
 {{- $requests := dict }}
@@ -571,6 +620,11 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- end }}
 {{- if and $v.podDisruptionBudget.enabled (not $v.autoscaling.enabled) (ge (int $v.podDisruptionBudget.maxUnavailable) (int $v.replicaCount)) (gt (int $v.replicaCount) 1) }}
 {{- fail "podDisruptionBudget.maxUnavailable must be lower than replicaCount, or a drain may stop every consumer at once" }}
+{{- end }}
+{{- with $v.sidecar }}
+{{- if and .enabled .podDisruptionBudget.enabled (gt (int .replicaCount) 1) (ge (int .podDisruptionBudget.maxUnavailable) (int .replicaCount)) }}
+{{- fail "sidecar.podDisruptionBudget.maxUnavailable must be lower than sidecar.replicaCount, or a drain may evict every sidecar at once (agents' span exports then fail)" }}
+{{- end }}
 {{- end }}
 {{- range $name, $tree := $v.config.scorers }}
 {{- if eq (include "toolwitness.validateScorerTree" (list (printf "config.scorers.%s" $name) $tree)) "float" }}
