@@ -16,6 +16,7 @@ import html
 import json
 import logging
 import re
+import threading
 import unicodedata
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -308,6 +309,7 @@ _TIMED_OUT: OrderedDict[tuple[str, bytes], None] = OrderedDict()
 _TIMED_OUT_MAX = 4096
 #: patterns that ran out of time at least once in this process (for the rationale), bounded.
 _SLOW_PATTERNS: OrderedDict[str, None] = OrderedDict()
+_TIMEOUTS_LOCK = threading.Lock()
 
 log = logging.getLogger(__name__)
 
@@ -336,25 +338,29 @@ def _search(pattern: str, text: str) -> Verdict:
     """TRUE if the matcher regex ``pattern`` matches somewhere in ``text``; UNDETERMINED if the
     search did not finish within ``REGEX_TIMEOUT_S`` (now or before, on the same text)."""
     key = _text_key(pattern, text) if len(text) > 256 else None  # a short text is quick to search
-    if key is not None and key in _TIMED_OUT:
-        _TIMED_OUT.move_to_end(key)
-        return U
+    if key is not None:
+        with _TIMEOUTS_LOCK:  # scorers may run in several threads
+            if key in _TIMED_OUT:
+                _TIMED_OUT.move_to_end(key)
+                return U
     try:
         return T if _regex(pattern).search(text, timeout=REGEX_TIMEOUT_S) is not None else F
     except TimeoutError:
         pass
-    _TIMED_OUT[key if key is not None else _text_key(pattern, text)] = None
-    while len(_TIMED_OUT) > _TIMED_OUT_MAX:
-        _TIMED_OUT.popitem(last=False)
-    if pattern not in _SLOW_PATTERNS:
+    with _TIMEOUTS_LOCK:
+        _TIMED_OUT[key if key is not None else _text_key(pattern, text)] = None
+        while len(_TIMED_OUT) > _TIMED_OUT_MAX:
+            _TIMED_OUT.popitem(last=False)
+        first = pattern not in _SLOW_PATTERNS
+        _SLOW_PATTERNS[pattern] = None
+        while len(_SLOW_PATTERNS) > 256:
+            _SLOW_PATTERNS.popitem(last=False)
+    if first:
         log.warning(
             "argument regex %r did not finish within %s s on a %d-character value: that match is not "
             "known (UNDETERMINED); a possessive or atomic repetition, or a narrower pattern, avoids it",
             pattern[:80], REGEX_TIMEOUT_S, len(text),
         )
-        _SLOW_PATTERNS[pattern] = None
-        while len(_SLOW_PATTERNS) > 256:
-            _SLOW_PATTERNS.popitem(last=False)
     return U
 
 
