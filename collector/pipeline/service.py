@@ -37,6 +37,7 @@ from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
 from collector.telemetry.logs import throttle_logs
 from collector.telemetry.metrics import DEPENDENCY_FAILURES, RECORDS_SKIPPED, TRACES_IN_STATE
+from collector.wire import regex_safety
 
 log = logging.getLogger("toolwitness.service")
 
@@ -237,6 +238,9 @@ class ToolwitnessService:
         # The output topics' record limits: the exporter keeps its records and batches within them.
         await self.exporter.read_record_limits(self.cfg.limits.max_observation_bytes)
         await self.exporter.start()
+        # The regex check's Unicode tables, built in a thread before the first batch: built by the
+        # first expectation with a \w regex, they would stall every tenant's batch by ~0.5 s.
+        await asyncio.to_thread(regex_safety.warm_up)
         await self.receiver.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="sweeper")
         self._prober = asyncio.create_task(self._probe_loop(), name="kafka-probe")
