@@ -507,7 +507,8 @@ class ToolwitnessClient:
         if max_retained < 1:
             raise ValueError(f"max_retained must be >= 1, got {max_retained}")
         #: distinct score events kept (for events/latest/wait_for, replay to new subscribers and
-        #: de-duplication); the oldest arrivals are forgotten first, so memory stays bounded.
+        #: de-duplication); the oldest arrivals are forgotten first, so memory stays bounded. As
+        #: many cancellations are remembered (``wait_for`` on an older one times out instead).
         self._max_retained = max_retained
         self._create_topics = create_topics
         self._partitions = partitions
@@ -524,8 +525,9 @@ class ToolwitnessClient:
         self._reseek: dict[TopicPartition, int] = {}
         #: observations already read and verified, by id (most recent last)
         self._observations: OrderedDict[str, Observation] = OrderedDict()
-        #: (tenant, expectation id) this client cancelled: wait_for on them fails at once
-        self._cancelled: set[tuple[str, str]] = set()
+        #: (tenant, expectation id) this client cancelled: wait_for on them fails at once. The most
+        #: recent ``max_retained`` (most recent last): a harness open for days cancels without end.
+        self._cancelled: OrderedDict[tuple[str, str], None] = OrderedDict()
         #: observation id -> when a score naming it was decided (ms): where its search starts
         self._observed_at: OrderedDict[str, int] = OrderedDict()
         #: records read by get_observation so far
@@ -866,7 +868,10 @@ class ToolwitnessClient:
         # No score will come for it: whoever waits for it here -- now or later -- is told so, not
         # left to time out. (The service publishes nothing for a cancelled expectation: another
         # client waiting on the same id is not told.)
-        self._cancelled.add((self.tenant, expectation_id))
+        self._cancelled[(self.tenant, expectation_id)] = None
+        self._cancelled.move_to_end((self.tenant, expectation_id))
+        while len(self._cancelled) > self._max_retained:
+            self._cancelled.popitem(last=False)
         for fut in self._waiters.pop((self.tenant, expectation_id), []):
             if not fut.done():
                 fut.set_exception(ExpectationCancelledError(f"expectation {expectation_id!r} was cancelled"))

@@ -232,3 +232,26 @@ async def test_what_the_service_would_refuse_is_refused_before_sending(monkeypat
     assert sent == []
     await tw.expect(trace, conditions=calls(r"^(?:\w+\s?)++$"))  # the suggested rewrite is sent
     assert len(sent) == 1
+
+
+async def test_cancellations_are_remembered_within_max_retained() -> None:
+    """A harness keeps one client open for days: every cancel was kept in a set that only grew."""
+    import asyncio
+
+    from collector.client import ExpectationCancelledError
+
+    tw = ToolwitnessClient(bootstrap_servers="127.0.0.1:1", tenant="acme", max_retained=3)
+    tw._started = True
+
+    async def sent(*_: object) -> None:
+        return None
+
+    tw._send_control = sent  # type: ignore[method-assign]
+    for i in range(1000):
+        await tw.cancel(f"c{i}")
+    assert len(tw._cancelled) == 3
+    # the most recent ones still fail at once; the oldest now wait (and time out) like any other
+    with pytest.raises(ExpectationCancelledError):
+        await asyncio.wait_for(tw.wait_for("c999", timeout=30), timeout=1)
+    with pytest.raises(TimeoutError):
+        await tw.wait_for("c0", timeout=0.01)
