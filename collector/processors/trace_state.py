@@ -512,8 +512,13 @@ class TraceStateStore:
         (``bucket_ms``), so at most that long after it expired. Moves noted here are sent first."""
         assert self._count_read is not None
         await self.flush_counts()
+        ended = int(time.time()) - LIVE_TENANT_GRACE_S
+        # What Redis drops from the index below, this process forgets too: a tenant that counts
+        # again is listed again with its next moves (``_add_moves``). Else one entry per tenant
+        # ever seen stays here for the life of the process.
+        self._listed = {t: top for t, top in self._listed.items() if top > ended}
         cmds = Commands()
-        cmds.add("ZREMRANGEBYSCORE", self.k.live_tenants, "-inf", int(time.time()) - LIVE_TENANT_GRACE_S)
+        cmds.add("ZREMRANGEBYSCORE", self.k.live_tenants, "-inf", ended)
         cmds.add("ZRANGE", self.k.live_tenants, 0, -1)
         tenants = sorted(_s(t) for t in (await self._execute(cmds))[1])
         if not tenants:

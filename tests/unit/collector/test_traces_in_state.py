@@ -116,3 +116,37 @@ def test_a_failed_move_lists_the_tenants_again_with_the_next_moves() -> None:
     cmds = Commands()
     assert s._add_moves(cmds) == 2
     assert _sent(cmds)[1][:3] == ["ZADD", "tw:live_tenants", "GT"]
+
+
+async def test_tenants_redis_no_longer_lists_are_forgotten_here_too() -> None:
+    """One entry per tenant ever counted stayed in ``_listed`` for the life of the process (a
+    tenant per session: it grew without end) while Redis dropped them from its index."""
+    import time
+
+    from collector.processors.trace_state import LIVE_TENANT_GRACE_S
+
+    s = _store()
+    s._count_read = SimpleNamespace(sha="1" * 40, script="")  # type: ignore[assignment]
+    now_ms = int(time.time() * 1000)
+    for i in range(1000):  # counted once, long ago: their last bucket ended before the grace
+        s.note_expiry(f"gone-{i}", -2, now_ms - 2 * LIVE_TENANT_GRACE_S * 1000)
+    s.note_expiry("live", -2, now_ms + 3_600_000)
+    s._add_moves(Commands())
+    assert len(s._listed) == 1001
+    sent: list[list[Any]] = []
+    replies = [[1000, [b"live"]], [5]]  # Redis's: the index pruned and read, then live's count
+
+    async def execute(cmds: Commands) -> list[Any]:
+        sent.extend(_sent(cmds))
+        return replies.pop(0)
+
+    s._execute = execute  # type: ignore[method-assign]
+    assert await s.count_traces() == {"live": 5}
+    assert list(s._listed) == ["live"]
+    # forgotten here as Redis forgot it: the same cut-off
+    assert sent[0][:3] == ["ZREMRANGEBYSCORE", "tw:live_tenants", "-inf"]
+    assert abs(int(sent[0][3]) - (now_ms // 1000 - LIVE_TENANT_GRACE_S)) <= 2
+    # counted again: listed again with its next moves
+    s.note_expiry("gone-7", -2, now_ms + 60_000)
+    cmds = Commands()
+    assert s._add_moves(cmds) == 2 and _sent(cmds)[1][:3] == ["ZADD", "tw:live_tenants", "GT"]
