@@ -32,6 +32,7 @@ from collector.pipeline.checkpoint import Checkpoint
 from collector.pipeline.engine import RESEND_GRACE_MS, Engine, Work
 from collector.pipeline.recovery import Recovery
 from collector.processors.completion import WatermarkTracker
+from collector.processors.decide import completion_due
 from collector.processors.resp import RedisClient
 from collector.processors.trace_state import SESSION_WAIT, TraceStateStore
 from collector.receivers.kafka_otlp import KafkaOTLPReceiver
@@ -487,11 +488,27 @@ class ToolwitnessService:
                 work.final.add(key)
                 work.revisions.add(key)
             work.revisions.update(contradicted)  # left by a process that died before re-judging them
+            #: complete by a count-less marker, nothing left to decide: reclaimed as the checkpoint
+            #: reclaims one its counted marker completes (else kept for the whole state_ttl_seconds).
+            #: Not a trace of a session: the session's expectations read it until it is complete.
+            reclaim: list[tuple[str, str]] = []
             for tenant, ident in waiting:
                 if ident.startswith(SESSION_WAIT):
                     work.add(tenant, await self.store.session_pending(tenant, ident[len(SESSION_WAIT) :]), "watermark")
-                else:
-                    work.add(tenant, await self.store.trace_pending(tenant, ident), "watermark")
+                    continue
+                pending, state = await self.store.trace_pending(tenant, ident)
+                work.add(tenant, pending, "watermark")
+                if (
+                    not pending
+                    and state is not None
+                    and state.marker_at_ms >= 0
+                    and not state.late
+                    and not state.sessions
+                    and (due := completion_due(state, self.cfg.completion)) is not None
+                    and due <= watermark
+                ):
+                    reclaim.append((tenant, ident))
+            await self.store.reclaim(reclaim)
             published = []
             if work.pending or work.final or work.revisions:
                 outcomes = await self.engine.evaluate(work, watermark)

@@ -970,17 +970,18 @@ class TraceStateStore:
             return
         await self.redis.zadd(self.k.await_watermark, {member(t, tr): at for t, tr, at in items})
 
-    async def trace_pending(self, tenant: str, trace_id: str) -> list[str]:
+    async def trace_pending(self, tenant: str, trace_id: str) -> tuple[list[str], TraceState | None]:
         """The expectations judged on a trace: its own pending ones and its sessions' pending ones
-        (a count-less marker completing a trace of a session may decide the session's)."""
+        (a count-less marker completing a trace of a session may decide the session's); and the
+        trace's state (None: gone), read in the same GET."""
         raw = await self.redis.get(self.k.state(tenant, trace_id))
         if raw is None:
-            return []
+            return [], None
         d = _loads(raw)
         ids = set(d.get("pe") or {})
         for session in d.get("ss") or {}:
             ids.update(await self.session_pending(tenant, session))
-        return sorted(ids)
+        return sorted(ids), TraceState.from_json(raw)
 
     async def unclaim(self, zset: str, items: Sequence[tuple[str, str]], score: int, *, lease_until: int) -> None:
         """Put claimed items back at ``score`` (their handling failed): those still holding the

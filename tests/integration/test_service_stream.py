@@ -316,6 +316,34 @@ async def test_state_of_decided_complete_traces_is_reclaimed(kafka_bootstrap: st
     agent.close()
 
 
+async def test_traces_completed_by_a_countless_marker_are_reclaimed(kafka_bootstrap: str, redis_url: str) -> None:
+    """A marker without a span count completes its trace when the watermark passes it (the
+    sweeper): a trace with nothing left to decide then kept its state for the whole
+    state_ttl_seconds (24 h by default), where one with a counted marker gets completed_ttl_seconds."""
+    base = make_config(kafka_bootstrap, redis_url)
+    cfg = base.model_copy(update={"redis": base.redis.model_copy(update={"completed_ttl_seconds": 30})})
+    agent = make_agent(cfg)
+    async with running_service(cfg) as service, control_client(cfg) as tw:
+        decided, unscored, still_open = [agent.trace("my_tool_call") for _ in range(3)]
+        # decided TRUE before its marker; no expectation at all; never marked
+        eid = await tw.expect(TraceScorable(trace_ids=(decided,)), expects("my_tool_call"))
+        assert verdict(await tw.wait_for(eid, timeout=30)) == "true"
+        open_eid = await tw.expect(TraceScorable(trace_ids=(still_open,)), expects("my_tool_call"))
+        assert verdict(await tw.wait_for(open_eid, timeout=30)) == "true"
+        for t in (decided, unscored):
+            await tw.mark_complete(t)
+
+        async def ttl(t: str) -> int:
+            return int(await service.redis.pttl(service.store.k.state("default", t)))
+
+        async def reclaimed() -> bool:
+            return all([0 < await ttl(t) <= 30_000 for t in (decided, unscored)])
+
+        await until(reclaimed, timeout=30)
+        assert await ttl(still_open) > 30_000  # not complete: kept for the full retention
+    agent.close()
+
+
 async def test_start_freezes_the_startup_heap_only_when_the_service_owns_the_process(
     kafka_bootstrap: str, redis_url: str
 ) -> None:
