@@ -965,10 +965,17 @@ class TraceStateStore:
         await self._execute(cmds)
 
     async def await_watermark(self, items: Sequence[tuple[str, str, int]]) -> None:
-        """Traces whose completion now depends on the event-time watermark reaching ``at``."""
+        """Traces whose completion now depends on the event-time watermark reaching ``at``.
+
+        Queued ``state_ttl_seconds`` ahead at most: ``at`` is the agent's clock (a marker's time, a
+        root span's end), and the watermark never passes the wall clock, so a time further off
+        would keep its member here for good, long after the state it waits for is gone. Taken at
+        that time instead, a trace with nothing to judge leaves the queue; one still judged on is
+        queued again (``Engine.evaluate``)."""
         if not items:
             return
-        await self.redis.zadd(self.k.await_watermark, {member(t, tr): at for t, tr, at in items})
+        latest = int(time.time() * 1000) + self.ttl_ms
+        await self.redis.zadd(self.k.await_watermark, {member(t, tr): min(at, latest) for t, tr, at in items})
 
     async def trace_pending(self, tenant: str, trace_id: str) -> tuple[list[str], TraceState | None]:
         """The expectations judged on a trace: its own pending ones and its sessions' pending ones

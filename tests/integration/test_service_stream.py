@@ -10,7 +10,7 @@ import asyncio
 import gc
 import json
 import socket
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from opentelemetry.context import Context
@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from collector.config import ScorerTreeConfig
 from collector.pipeline.service import ToolwitnessService
+from collector.processors.trace_state import member
 from scoring.models import MessageScorable, ScoreStatus, TraceScorable
 from scoring.score import OtelToolCallScorer
 from scoring.score.observation import InMemoryTraceClient, OtelTraceSource
@@ -341,6 +342,29 @@ async def test_traces_completed_by_a_countless_marker_are_reclaimed(kafka_bootst
 
         await until(reclaimed, timeout=30)
         assert await ttl(still_open) > 30_000  # not complete: kept for the full retention
+    agent.close()
+
+
+async def test_a_wait_for_a_time_the_watermark_never_reaches_leaves_the_queue(
+    kafka_bootstrap: str, redis_url: str
+) -> None:
+    """A marker's ``at`` (or a root span's end, inferred mode) comes from the agent's clock: one
+    far in the future queued its trace in the watermark wait set for good (the watermark never
+    passes the wall clock), long after the trace's state was gone: one member per such trace,
+    forever. Queued at most state_ttl_seconds ahead, it leaves once that has passed."""
+    cfg = make_config(kafka_bootstrap, redis_url, redis={"state_ttl_seconds": 2})
+    agent = make_agent(cfg)
+    async with running_service(cfg) as service, control_client(cfg) as tw:
+        trace = agent.trace("my_tool_call")
+        await tw.mark_complete(trace, at=datetime(9000, 1, 1, tzinfo=UTC))
+        waits, wait = service.store.k.await_watermark, member("default", trace)
+        await until(lambda: service.redis.zscore(waits, wait))
+
+        async def left() -> bool:
+            return await service.redis.zscore(waits, wait) is None
+
+        await until(left, timeout=30)
+        assert not await service.redis.exists(service.store.k.state("default", trace))
     agent.close()
 
 
