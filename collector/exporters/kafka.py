@@ -1,5 +1,8 @@
 """Kafka exporters: scores (keyed by expectation id), observations (keyed by content id, for a
-compacted topic) and the DLQ (original record + reason headers). One idempotent producer."""
+compacted topic) and the DLQ (original record + reason headers). One idempotent producer, replaced
+after a failed delivery (``RenewingProducer``): a record batch the broker refused leaves a gap in
+the producer's sequence on its partition, and every later batch to that partition would be refused
+as out of order (``OutOfOrderSequenceNumber``) until the process restarted."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from collector.client import kafka_security_kwargs as security_kwargs
 from collector.config import KafkaConfig
 from collector.exporters.base import ExportError
 from collector.exporters.partition import KeyPartitioner
-from collector.producer import describe_topic_configs
+from collector.producer import RenewingProducer, describe_topic_configs, start_idempotent
 from collector.telemetry.metrics import DLQ_RECORDS, EXPORT_FAILURES
 
 log = logging.getLogger("toolwitness.exporter.kafka")
@@ -60,10 +63,18 @@ class KafkaExporter:
 
     def __init__(self, cfg: KafkaConfig) -> None:
         self.cfg = cfg
-        self._producer: AIOKafkaProducer | None = None
+        self._producers = RenewingProducer(
+            self._new_producer, component=self.name, timeout_s=cfg.request_timeout_ms / 1000, logger=log
+        )
         self._pending: list[asyncio.Future[Any]] = []
         #: each output topic's ``max.message.bytes`` where it could be read (``read_record_limits``)
         self.record_limits: dict[str, int] = {}
+        self._max_observation_bytes: int | None = None
+
+    @property
+    def renewals(self) -> int:
+        """How often the producer was replaced after a failed delivery."""
+        return self._producers.renewals
 
     async def read_record_limits(self, max_observation_bytes: int) -> dict[str, int]:
         """Read the configs of the scores, observations and DLQ topics (where the principal may
@@ -73,6 +84,24 @@ class KafkaExporter:
         refuse records the service must write is refused here (TopicSetupError): an observations
         topic that cannot take an observation of ``limits.max_observation_bytes``, a compacted DLQ
         topic (it refuses records without a key, and a span record often has none)."""
+        self._max_observation_bytes = max_observation_bytes
+        configs = await self._describe_output_topics()
+        self._set_record_limits(configs)
+        message = self._observations_limit_problem()
+        if message is not None:
+            raise TopicSetupError(message)
+        t = self.cfg.topics
+        if "compact" in configs.get(t.dlq, {}).get("cleanup.policy", ""):
+            raise TopicSetupError(
+                f"DLQ topic {t.dlq} (kafka.topics.dlq) has cleanup.policy={configs[t.dlq]['cleanup.policy']}: a "
+                "compacted topic refuses records without a key, so the dead letter of an unkeyed span record (the "
+                "Collector's kafkaexporter writes them unless partition_traces_by_id is set) would stop its "
+                "partition for good, and compaction would keep one dead letter per key. Set cleanup.policy=delete"
+            )
+        return self.record_limits
+
+    async def _describe_output_topics(self) -> dict[str, dict[str, str]]:
+        """The configs of the scores, observations and DLQ topics ({} where they cannot be read)."""
         t = self.cfg.topics
         admin = AIOKafkaAdminClient(
             bootstrap_servers=self.cfg.bootstrap_servers, client_id=f"{self.cfg.client_id}-admin",
@@ -88,38 +117,45 @@ class KafkaExporter:
         finally:
             with contextlib.suppress(Exception):
                 await admin.close()
+        return configs
+
+    def _set_record_limits(self, configs: dict[str, dict[str, str]]) -> None:
         self.record_limits = {
             topic: int(c["max.message.bytes"]) for topic, c in configs.items() if c.get("max.message.bytes")
         }
-        obs_limit = self.record_limits.get(t.observations)
-        if obs_limit is not None and obs_limit - RECORD_OVERHEAD < max_observation_bytes:
-            raise TopicSetupError(
-                f"observations topic {t.observations} takes records up to {obs_limit:,} bytes (its max.message.bytes), "
-                f"less than limits.max_observation_bytes ({max_observation_bytes:,}) plus {RECORD_OVERHEAD} bytes "
-                "for the record's key and headers: a larger observation would be refused, and its score re-sent "
-                f"for ever. Set limits.max_observation_bytes to at most {obs_limit - RECORD_OVERHEAD:,}, or raise "
-                "the topic's max.message.bytes"
-            )
-        if "compact" in configs.get(t.dlq, {}).get("cleanup.policy", ""):
-            raise TopicSetupError(
-                f"DLQ topic {t.dlq} (kafka.topics.dlq) has cleanup.policy={configs[t.dlq]['cleanup.policy']}: a "
-                "compacted topic refuses records without a key, so the dead letter of an unkeyed span record (the "
-                "Collector's kafkaexporter writes them unless partition_traces_by_id is set) would stop its "
-                "partition for good, and compaction would keep one dead letter per key. Set cleanup.policy=delete"
-            )
-        return self.record_limits
 
-    async def start(self) -> None:
-        if self._producer is not None:
-            return
+    def _observations_limit_problem(self) -> str | None:
+        """Why the observations topic cannot take every observation (None if it can, or unknown)."""
+        t = self.cfg.topics
+        obs_limit = self.record_limits.get(t.observations)
+        wanted = self._max_observation_bytes
+        if obs_limit is None or wanted is None or obs_limit - RECORD_OVERHEAD >= wanted:
+            return None
+        return (
+            f"observations topic {t.observations} takes records up to {obs_limit:,} bytes (its max.message.bytes), "
+            f"less than limits.max_observation_bytes ({wanted:,}) plus {RECORD_OVERHEAD} bytes "
+            "for the record's key and headers: a larger observation would be refused, and its score re-sent "
+            f"for ever. Set limits.max_observation_bytes to at most {obs_limit - RECORD_OVERHEAD:,}, or raise "
+            "the topic's max.message.bytes"
+        )
+
+    async def _new_producer(self) -> AIOKafkaProducer:
+        """A started idempotent producer. A renewal (a delivery failed: the broker refused a record
+        batch, e.g. an output topic's max.message.bytes was lowered while the service runs) reads
+        the topics' limits again first, so the new producer's batches fit them."""
+        if self._producers.current is not None:
+            configs = await self._describe_output_topics()
+            if configs:
+                self._set_record_limits(configs)
+            if (message := self._observations_limit_problem()) is not None:
+                log.error("%s: %s", self.name, message)
         # A batch over a topic's max.message.bytes is refused whole (every record in it): none bigger
         # than the smallest (a single larger record still goes in a batch of its own).
         batch_bytes = min([MAX_BATCH_BYTES, *(n - RECORD_OVERHEAD for n in self.record_limits.values())])
-        self._producer = AIOKafkaProducer(
+        return await start_idempotent(
+            self.cfg.request_timeout_ms / 1000,
             bootstrap_servers=self.cfg.bootstrap_servers,
             client_id=f"{self.cfg.client_id}-exporter",
-            enable_idempotence=True,
-            acks="all",
             # No linger: every batch ends in ``flush``, which waits for the lingering batch, so a
             # linger only delays each batch's scores; the sends of a large batch are issued without
             # yielding to the sender and are batched anyway.
@@ -130,17 +166,18 @@ class KafkaExporter:
             request_timeout_ms=self.cfg.request_timeout_ms,
             **kafka_security_kwargs(self.cfg),
         )
-        await asyncio.wait_for(self._producer.start(), timeout=self.cfg.request_timeout_ms / 1000)
+
+    async def start(self) -> None:
+        await self._producers.start()
 
     async def shutdown(self) -> None:
-        p, self._producer = self._producer, None
-        if p is not None:
-            await p.stop()
+        await self._producers.stop()
 
     async def _send(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> None:
-        if self._producer is None:
+        producer = self._producers.current
+        if producer is None:
             raise ExportError("exporter not started")
-        fut = await self._producer.send(topic, value=value, key=key, headers=headers or None)
+        fut = await producer.send(topic, value=value, key=key, headers=headers or None)
         self._pending.append(fut)
 
     @property
@@ -188,19 +225,36 @@ class KafkaExporter:
         return max(0, min(DLQ_PREVIEW_BYTES, limit - taken))
 
     async def flush(self) -> None:
-        """Await every delivery since the last flush; raise ExportError on any failure."""
+        """Await every delivery since the last flush; raise ExportError on any failure, after
+        replacing the producer (its sequence broke)."""
         pending, self._pending = self._pending, []
         if not pending:
             return
+        producer = self._producers.current
         # Every future resolves when its batch is acknowledged or fails: wait for the producer's
         # batches (one wait), then read the futures, not one gather callback per record.
-        if self._producer is not None:
-            await self._producer.flush()
+        if producer is not None:
+            await producer.flush()
         unresolved = [f for f in pending if not f.done()]
         if unresolved:
             await asyncio.wait(unresolved)
         errors = [exc for f in pending if (exc := f.exception()) is not None]
         if errors:
             EXPORT_FAILURES.labels(self.name).inc(len(errors))
-            log.error("exporter/kafka: %d of %d deliveries failed: %s", len(errors), len(pending), errors[0])
+            kinds: dict[str, int] = {}
+            for exc in errors:
+                kinds[type(exc).__name__] = kinds.get(type(exc).__name__, 0) + 1
+            log.error(
+                "%s: %d of %d deliveries failed (%s): %s; sent again (the batch, or the sweeper's re-send) on a "
+                "new producer", self.name, len(errors), len(pending),
+                ", ".join(f"{n} {kind}" for kind, n in kinds.items()), errors[0],
+            )
+            # A failed delivery leaves a gap in the idempotent producer's sequence on its partition:
+            # the same producer would have every later batch there refused (out of order). A new one
+            # (a new producer id) starts its sequences afresh. ``renew`` returns once the old one is
+            # stopped (what another caller still had in flight on it delivered or failed), before
+            # this raises: the retry goes to the new producer, after those, so a key's records stay
+            # in order. Only a failure costs this (an InitProducerId and a DescribeConfigs).
+            if producer is not None:
+                await self._producers.renew(producer)
             raise ExportError(f"{len(errors)} deliveries failed: {errors[0]}")

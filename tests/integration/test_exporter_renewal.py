@@ -1,0 +1,176 @@
+"""An output topic's ``max.message.bytes`` lowered while the service runs (an operator's change).
+
+The exporter's idempotent producer numbers the records of each partition. A record batch the
+broker refuses is never written, so its sequence numbers leave a gap: every later batch to that
+partition is refused as out of order (``OutOfOrderSequenceNumber``), the batch behind it too,
+even after the operator restored the limit. Measured on the old code (one producer for the
+process's life): 20-30 s after the limit was restored, no score of the refused batch was on the
+scores topic (or none of its observations on the observations topic), the sweeper re-sent them
+every 2 s and each re-send failed out of order; /readyz stayed 200. Only a restart published them.
+
+The exporter now replaces its producer after a failed delivery (``RenewingProducer``), reading
+the topics' limits again first: the re-send goes out on a new producer id whose batches fit the
+limit the topic has now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from aiokafka import AIOKafkaProducer, ConsumerRecord
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+from collector.config import ServiceConfig
+from collector.wire.convert import decode_score_event
+from tests.integration.harness import (
+    TraceGroup,
+    counter_value,
+    create_topic,
+    fail_on_timeout,
+    make_config,
+    raw_producer,
+    read_all,
+    read_until,
+    running_service,
+    scores_by_id,
+    until,
+    verdict,
+)
+
+pytestmark = pytest.mark.integration
+
+#: the records ``set_record_limit`` probes the broker with (readers drop them)
+PROBE_KEY = b"probe"
+#: after the cause is fixed: the sweeper re-sends an unpublished decision 2 s after its last try
+RECOVERY_S = 20.0
+EXPORT_FAILURES = ("toolwitness_export_failures_total", {"component": "exporter/kafka"})
+BROKER_DEFAULT = 1048588
+
+
+async def set_record_limit(bootstrap: str, topic: str, limit: int) -> None:
+    """Set ``topic``'s max.message.bytes and return once the broker enforces it: it applies a
+    topic's config after the AlterConfigs answer, so a record just over the limit (a plain
+    producer, key ``PROBE_KEY``) is sent until it is refused (or, raising it, until one is taken)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})])
+    finally:
+        await admin.close()
+    lowered = limit < BROKER_DEFAULT
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=2 * BROKER_DEFAULT, acks=1)
+    await producer.start()
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    await producer.send_and_wait(topic, b"x" * (limit + 1000 if lowered else 2000), key=PROBE_KEY)
+                except KafkaError:
+                    if lowered:
+                        return
+                else:
+                    if not lowered:
+                        return
+                await asyncio.sleep(0.05)
+    finally:
+        await producer.stop()
+
+
+def records(rs: list[ConsumerRecord[bytes, bytes]]) -> list[ConsumerRecord[bytes, bytes]]:
+    return [r for r in rs if r.key != PROBE_KEY]
+
+
+async def send_group(producer: AIOKafkaProducer, cfg: ServiceConfig, group: TraceGroup) -> None:
+    """Expectations, spans and markers of ``group``, all acknowledged before the next kind is sent."""
+    t = cfg.kafka.topics
+    for topic, items in ((t.control, group.expectations()), (t.spans, group.spans()), (t.control, group.markers())):
+        await asyncio.gather(*[await producer.send(topic, value=v, key=k.encode()) for k, v in items])
+
+
+async def published(cfg: ServiceConfig, expected: dict[str, str]) -> bool:
+    """Every expectation of ``expected`` has a score on the scores topic, and every observation
+    those scores cite is on the observations topic."""
+    bootstrap, t = cfg.kafka.bootstrap_servers, cfg.kafka.topics
+    events = [decode_score_event(r.value or b"") for r in records(await read_all(bootstrap, t.scores))]
+    if not set(expected) <= {e.expectation_id for e in events}:
+        return False
+    cited = {o for e in events if e.expectation_id in expected for o in e.observation_ids}
+    keys = {(r.key or b"").decode() for r in records(await read_all(bootstrap, t.observations))}
+    return bool(cited) and cited <= keys
+
+
+async def assert_once_each(cfg: ServiceConfig, expected: dict[str, str]) -> None:
+    """One distinct score_id per expectation (re-sends byte-identical), the right verdicts, nothing else."""
+    scores = records(await read_all(cfg.kafka.bootstrap_servers, cfg.kafka.topics.scores))
+    per: dict[str, set[str]] = {}
+    for sid, payloads in scores_by_id(scores).items():
+        assert all(p == payloads[0] for p in payloads), f"{sid}: re-sent events differ"
+        ev = decode_score_event(payloads[0])
+        assert verdict(ev) == expected.get(ev.expectation_id), (ev.expectation_id, verdict(ev), ev.rationale)
+        per.setdefault(ev.expectation_id, set()).add(sid)
+    assert {e: len(s) for e, s in per.items()} == dict.fromkeys(expected, 1)
+
+
+@pytest.mark.parametrize("lowered", ["scores", "observations"])
+async def test_records_refused_while_a_topic_limit_was_lowered_are_published_once_it_is_restored(
+    kafka_bootstrap: str, redis_url: str, lowered: str
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t = cfg.kafka.topics
+    # one partition each: the refused records and those written before share a sequence
+    await create_topic(kafka_bootstrap, t.scores, 1, {})
+    await create_topic(kafka_bootstrap, t.observations, 1, {"cleanup.policy": "compact"})
+    topic = t.scores if lowered == "scores" else t.observations
+    warm = TraceGroup.build("warm", 1, int(time.time() * 1000))
+    group = TraceGroup.build("g", 4, int(time.time() * 1000))
+    async with running_service(cfg) as service, raw_producer(cfg) as producer:
+        # records written first: the producer's sequence on both partitions is under way
+        await send_group(producer, cfg, warm)
+        await read_until(kafka_bootstrap, t.scores, lambda rs: len(records(rs)) >= 2, timeout=30)
+        await set_record_limit(kafka_bootstrap, topic, 200)  # below a score (~430 B) or observation (~220 B)
+        failures = counter_value(*EXPORT_FAILURES)
+        await send_group(producer, cfg, group)
+        await until(lambda: counter_value(*EXPORT_FAILURES) > failures, timeout=30)  # refused
+        await set_record_limit(kafka_bootstrap, topic, BROKER_DEFAULT)
+        with fail_on_timeout(lambda: f"{lowered}: the refused records were not published within {RECOVERY_S:.0f}s "
+                                     "of the limit being restored (the producer's sequence stayed broken?)"):
+            await until(lambda: published(cfg, group.verdicts()), timeout=RECOVERY_S, interval=0.3)
+        assert service.exporter.renewals >= 1
+    await assert_once_each(cfg, {**warm.verdicts(), **group.verdicts()})
+
+
+async def test_batches_refused_behind_each_other_on_one_partition_are_sent_again_in_batches_that_fit(
+    kafka_bootstrap: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The scores topic takes 3,000-byte records when the service starts: its producer's batches
+    # stay below that (about four scores each). Lowered to 1,500 while it runs, and not restored:
+    # 21 scores decided in one batch go out in about six producer batches to the one partition;
+    # those of four scores are refused, and the last (one score, small enough) is refused out of
+    # order behind them. Every score is published, each once, without the operator doing more:
+    # the new producer reads the limit again and sends batches the topic takes.
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t = cfg.kafka.topics
+    await create_topic(kafka_bootstrap, t.scores, 1, {"max.message.bytes": "3000"})
+    await create_topic(kafka_bootstrap, t.observations, 1, {"cleanup.policy": "compact"})
+    warm = TraceGroup.build("warm", 1, int(time.time() * 1000))
+    group = TraceGroup.build("g", 21, int(time.time() * 1000))
+    caplog.set_level(logging.ERROR, logger="toolwitness.exporter.kafka")
+    async with running_service(cfg) as service, raw_producer(cfg) as producer:
+        await send_group(producer, cfg, warm)
+        await read_until(kafka_bootstrap, t.scores, lambda rs: len(records(rs)) >= 2, timeout=30)
+        await set_record_limit(kafka_bootstrap, t.scores, 1500)
+        failures = counter_value(*EXPORT_FAILURES)
+        await send_group(producer, cfg, group)
+        await until(lambda: counter_value(*EXPORT_FAILURES) > failures, timeout=30)
+        with fail_on_timeout(lambda: f"the refused scores were not published within {RECOVERY_S:.0f}s"):
+            await until(lambda: published(cfg, group.verdicts()), timeout=RECOVERY_S, interval=0.3)
+        assert service.exporter.renewals >= 1
+        assert service.exporter.record_limits[t.scores] == 1500
+    failed = [r.getMessage() for r in caplog.records if "deliveries failed" in r.getMessage()]
+    assert any("MessageSizeTooLargeError" in m and "OutOfOrderSequenceNumber" in m for m in failed), failed
+    await assert_once_each(cfg, {**warm.verdicts(), **group.verdicts()})
