@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ from collector.producer import RenewingProducer, describe_topic_configs, start_i
 from collector.telemetry.metrics import DLQ_RECORDS, EXPORT_FAILURES
 
 log = logging.getLogger("toolwitness.exporter.kafka")
+
+#: the deliveries of the current ``KafkaExporter.deliveries()`` scope (None: the batch's list)
+_OWNED: ContextVar[list[asyncio.Future[Any]] | None] = ContextVar("toolwitness_owned_deliveries", default=None)
 
 DLQ_PREVIEW_BYTES = 65536
 #: the producer's record batches (several records of one partition, sent together) ...
@@ -66,6 +70,8 @@ class KafkaExporter:
         self._producers = RenewingProducer(
             self._new_producer, component=self.name, timeout_s=cfg.request_timeout_ms / 1000, logger=log
         )
+        #: deliveries not yet flushed, of the batch (its decision lanes included) or, within
+        #: ``deliveries()``, of that scope's own list (the sweeper's)
         self._pending: list[asyncio.Future[Any]] = []
         #: each output topic's ``max.message.bytes`` where it could be read (``read_record_limits``)
         self.record_limits: dict[str, int] = {}
@@ -178,7 +184,8 @@ class KafkaExporter:
         if producer is None:
             raise ExportError("exporter not started")
         fut = await producer.send(topic, value=value, key=key, headers=headers or None)
-        self._pending.append(fut)
+        owned = _OWNED.get()
+        (self._pending if owned is None else owned).append(fut)
 
     @property
     def _content_type(self) -> bytes:
@@ -224,10 +231,31 @@ class KafkaExporter:
         taken = RECORD_OVERHEAD + len(key or b"") + sum(len(k.encode()) + len(v) for k, v in headers) + 64
         return max(0, min(DLQ_PREVIEW_BYTES, limit - taken))
 
+    @contextlib.contextmanager
+    def deliveries(self) -> Iterator[None]:
+        """Within it, the sends of this task (and of the tasks it starts) are its own: ``flush``
+        awaits those alone, and the batch's ``flush`` does not take them.
+
+        The sweeper publishes while a batch may be between its sends and its flush (it does not
+        hold the batch lock). With one list for both, a sweep's flush took the batch's deliveries:
+        a failure among them failed the sweep, whose own records went through, and the batch's
+        flush found nothing pending, so the batch marked published, and committed, a score that
+        was never written, and is never re-sent (only unpublished decisions are)."""
+        token = _OWNED.set([])
+        try:
+            yield
+        finally:
+            _OWNED.reset(token)
+
     async def flush(self) -> None:
         """Await every delivery since the last flush; raise ExportError on any failure, after
         replacing the producer (its sequence broke)."""
-        pending, self._pending = self._pending, []
+        owned = _OWNED.get()
+        if owned is None:
+            pending, self._pending = self._pending, []
+        else:
+            pending = owned[:]
+            owned.clear()
         if not pending:
             return
         producer = self._producers.current

@@ -455,82 +455,86 @@ class ToolwitnessService:
         this process dies holding them, they are due again when the lease ends; once handled,
         they are released.
         """
-        if await self.recovery.check():
-            async with self.batch_lock:
-                await self.recovery.recover(self.receiver)
-                self.engine.lost_at_ms = self.recovery.lost_at_ms
-                self.store.counts_lost()
-        # a loss another instance noted (records deleted before it read them)
-        self.engine.lost_at_ms = max(self.engine.lost_at_ms, self.recovery.lost_at_ms)
-        now = int(time.time() * 1000)
-        k = self.store.k
-        watermark = await self.watermarks.global_watermark(now)
-        lease = self.store.claim_lease_ms
-        #: (set, claimed items, their score if put back, the lease they hold)
-        claims: list[tuple[str, list[tuple[str, str]], int, int]] = []
+        # Its own deliveries: a batch may be between its sends and its flush meanwhile
+        # (see KafkaExporter.deliveries).
+        with self.exporter.deliveries():
+            if await self.recovery.check():
+                async with self.batch_lock:
+                    await self.recovery.recover(self.receiver)
+                    self.engine.lost_at_ms = self.recovery.lost_at_ms
+                    self.store.counts_lost()
+            # a loss another instance noted (records deleted before it read them)
+            self.engine.lost_at_ms = max(self.engine.lost_at_ms, self.recovery.lost_at_ms)
+            now = int(time.time() * 1000)
+            k = self.store.k
+            watermark = await self.watermarks.global_watermark(now)
+            lease = self.store.claim_lease_ms
+            #: (set, claimed items, their score if put back, the lease they hold)
+            claims: list[tuple[str, list[tuple[str, str]], int, int]] = []
 
-        async def claim(zset: str, upto: int, back: int, lease_until: int) -> list[tuple[str, str]]:
-            items = await self.store.claim_due(zset, upto, lease_until=lease_until)
-            claims.append((zset, items, back, lease_until))
-            return items
+            async def claim(zset: str, upto: int, back: int, lease_until: int) -> list[tuple[str, str]]:
+                items = await self.store.claim_due(zset, upto, lease_until=lease_until)
+                claims.append((zset, items, back, lease_until))
+                return items
 
-        deadlines = await claim(k.deadlines, now, now, now + lease)
-        waiting = await claim(k.await_watermark, watermark, watermark, watermark + lease)
-        unpublished = await claim(k.unpublished, now - RESEND_GRACE_MS, now, now + lease)
-        rejudge = await claim(k.revision_deadlines, now, now, now + lease)
-        contradicted = await claim(k.rejudge, now, now, now + lease)
-        try:
-            work = Work()
-            for tenant, ident in deadlines:
-                work.final.add((tenant, ident))
-                work.pending[(tenant, ident)] = "deadline"
-            for key in rejudge:  # decided, revised to UNDETERMINED before the deadline: judged as final
-                work.final.add(key)
-                work.revisions.add(key)
-            work.revisions.update(contradicted)  # left by a process that died before re-judging them
-            #: complete by a count-less marker, nothing left to decide: reclaimed as the checkpoint
-            #: reclaims one its counted marker completes (else kept for the whole state_ttl_seconds).
-            #: Not a trace of a session: the session's expectations read it until it is complete.
-            reclaim: list[tuple[str, str]] = []
-            for tenant, ident in waiting:
-                if ident.startswith(SESSION_WAIT):
-                    work.add(tenant, await self.store.session_pending(tenant, ident[len(SESSION_WAIT) :]), "watermark")
-                    continue
-                pending, state = await self.store.trace_pending(tenant, ident)
-                work.add(tenant, pending, "watermark")
-                if (
-                    not pending
-                    and state is not None
-                    and state.marker_at_ms >= 0
-                    and not state.late
-                    and not state.sessions
-                    and (due := completion_due(state, self.cfg.completion)) is not None
-                    and due <= watermark
-                ):
-                    reclaim.append((tenant, ident))
-            await self.store.reclaim(reclaim)
-            published = []
-            if work.pending or work.final or work.revisions:
-                outcomes = await self.engine.evaluate(work, watermark)
-                published.extend(await self.engine.decide_and_send(outcomes))
-            if self.engine.contradicted:  # also on a quiet pipeline, where no batch would
-                again = Work(revisions=set(self.engine.contradicted))
-                self.engine.contradicted.clear()
-                published.extend(await self.engine.decide_and_send(await self.engine.evaluate(again, watermark)))
-            for tenant, ident in unpublished:
-                p = await self.engine.republish(tenant, ident)
-                if p is not None:
-                    published.append(p)
-            if published:
-                await self.exporter.flush()
-                await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
-        except BaseException:
-            for zset, items, back, lease_until in claims:
-                await self.store.unclaim(zset, items, back, lease_until=lease_until)
-            raise
-        for zset, items, _, lease_until in claims:
-            await self.store.release(zset, items, lease_until)
-        return len(published)
+            deadlines = await claim(k.deadlines, now, now, now + lease)
+            waiting = await claim(k.await_watermark, watermark, watermark, watermark + lease)
+            unpublished = await claim(k.unpublished, now - RESEND_GRACE_MS, now, now + lease)
+            rejudge = await claim(k.revision_deadlines, now, now, now + lease)
+            contradicted = await claim(k.rejudge, now, now, now + lease)
+            try:
+                work = Work()
+                for tenant, ident in deadlines:
+                    work.final.add((tenant, ident))
+                    work.pending[(tenant, ident)] = "deadline"
+                for key in rejudge:  # decided, revised to UNDETERMINED before the deadline: judged as final
+                    work.final.add(key)
+                    work.revisions.add(key)
+                work.revisions.update(contradicted)  # left by a process that died before re-judging them
+                #: complete by a count-less marker, nothing left to decide: reclaimed as the checkpoint
+                #: reclaims one its counted marker completes (else kept for the whole state_ttl_seconds).
+                #: Not a trace of a session: the session's expectations read it until it is complete.
+                reclaim: list[tuple[str, str]] = []
+                for tenant, ident in waiting:
+                    if ident.startswith(SESSION_WAIT):
+                        session = ident[len(SESSION_WAIT) :]
+                        work.add(tenant, await self.store.session_pending(tenant, session), "watermark")
+                        continue
+                    pending, state = await self.store.trace_pending(tenant, ident)
+                    work.add(tenant, pending, "watermark")
+                    if (
+                        not pending
+                        and state is not None
+                        and state.marker_at_ms >= 0
+                        and not state.late
+                        and not state.sessions
+                        and (due := completion_due(state, self.cfg.completion)) is not None
+                        and due <= watermark
+                    ):
+                        reclaim.append((tenant, ident))
+                await self.store.reclaim(reclaim)
+                published = []
+                if work.pending or work.final or work.revisions:
+                    outcomes = await self.engine.evaluate(work, watermark)
+                    published.extend(await self.engine.decide_and_send(outcomes))
+                if self.engine.contradicted:  # also on a quiet pipeline, where no batch would
+                    again = Work(revisions=set(self.engine.contradicted))
+                    self.engine.contradicted.clear()
+                    published.extend(await self.engine.decide_and_send(await self.engine.evaluate(again, watermark)))
+                for tenant, ident in unpublished:
+                    p = await self.engine.republish(tenant, ident)
+                    if p is not None:
+                        published.append(p)
+                if published:
+                    await self.exporter.flush()
+                    await self.store.mark_published([(p.tenant, p.expectation_id) for p in published])
+            except BaseException:
+                for zset, items, back, lease_until in claims:
+                    await self.store.unclaim(zset, items, back, lease_until=lease_until)
+                raise
+            for zset, items, _, lease_until in claims:
+                await self.store.release(zset, items, lease_until)
+            return len(published)
 
     async def refresh_traces_gauge(self) -> None:
         """Each sweep: send the count moves the batches noted (when no batch took them along);
