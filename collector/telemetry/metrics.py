@@ -101,7 +101,8 @@ WATERMARK = Gauge(
 )
 EXPORT_FAILURES = Counter(
     "toolwitness_export_failures",
-    "Exporter errors caught and counted (never raised into the poll loop).",
+    "Failed deliveries to Kafka: records the service's exporter could not write (its batch or sweep is "
+    "retried on a new producer), and failed exports of the span exporter and the sidecar.",
     ["component"],
     registry=REGISTRY,
 )
