@@ -1042,3 +1042,13 @@ def test_redis_acl_user_and_tls_ca(helm: Helm, tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(one(docs, "ConfigMap")["data"]["config.yaml"])
     assert load_config(path, env={}).redis.ssl_ca_file == "/etc/toolwitness/redis-tls/ca.crt"
+
+
+def test_an_unready_scorer_pod_never_holds_a_drain_back(helm: Helm) -> None:
+    """Every scorer pod is unready while Kafka or Redis is down: with the default eviction policy
+    (IfHealthyBudget) the budget then blocks every drain until the outage ends."""
+    spec = one(helm.render_docs(), "PodDisruptionBudget")["spec"]
+    assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    old = helm.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", "1.26.0")
+    assert old.returncode == 0, old.stderr
+    assert "unhealthyPodEvictionPolicy" not in one(parse_docs(old.stdout), "PodDisruptionBudget")["spec"]
