@@ -25,6 +25,8 @@ ATTRIBUTES_DROPPED = "attributes_dropped"
 ATTRIBUTE_LIMITS = "attribute_length_limited"
 ORPHAN_PARENT = "orphan_parent"
 CONFLICTING_EVIDENCE = "conflicting_evidence"
+#: two completion claims for one trace that disagree (another span count): neither proves anything
+CONFLICTING_COMPLETION = "conflicting_completion"
 LATE_SPAN = "late_span_after_completion"
 RETENTION_EXPIRED = "retention_expired"
 STATE_LOST = "state_lost"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from scoring.models.evidence import (
     AWAITING_COMPLETION,
+    CONFLICTING_COMPLETION,
     CONFLICTING_EVIDENCE,
     LATE_SPAN,
     ORPHAN_PARENT,
@@ -64,9 +65,19 @@ class TraceAssembly:
         return True
 
     def mark_complete(self, span_count: int | None = None, source: CompletionSource = CompletionSource.CALLER) -> None:
-        """Record the producer's claim that the trace is complete (optionally with its span count)."""
+        """Record the producer's claim that the trace is complete (optionally with its span count).
+
+        The streaming service's rule (``mark_complete.lua``): a count that disagrees with an earlier
+        one, or with the spans a claim without a count already completed, breaks the claims for
+        good (neither proves absence any more); a claim without a count leaves a count standing."""
+        if span_count is not None:
+            earlier = self.expected_span_count
+            if (earlier is not None and earlier != span_count) or (
+                earlier is None and self.complete_claimed and self.span_ids and span_count != len(self.span_ids)
+            ):
+                self.sticky_reasons |= {CONFLICTING_COMPLETION, LATE_SPAN}
+            self.expected_span_count = span_count
         self.complete_claimed = True
-        self.expected_span_count = span_count
         self.completion_source = source
 
     def _count_satisfied(self) -> bool:

@@ -48,6 +48,40 @@ async def test_a_trace_joining_a_completed_session_breaks_its_completeness(
     assert await verdict(scorer, session, expects("email")) is U  # the claim is broken: absence unprovable
 
 
+async def test_completion_claims_that_disagree_never_prove_absence(
+    client: InMemoryTraceClient, scorer: OtelToolCallScorer
+) -> None:
+    # The service's rule (mark_complete.lua; test_a_second_marker_with_another_count_revises_the_false_
+    # decided_on_the_first): two claims that disagree prove nothing any more. The library used to
+    # take the latest claim, and gave FALSE where the service gives UNDETERMINED on the same evidence.
+    a, b, c = (TraceScorable(trace_ids=(t,)) for t in (TRACE_A, TRACE_B, "5" * 32))
+    # 2 spans, "2 spans", then "3 spans", and a third span: the second count is met, the first broken
+    client.add_spans([tool_span(TRACE_A, 1), tool_span(TRACE_A, 2, "search", parent=1)])
+    client.mark_complete(trace_ids=(TRACE_A,), span_count=2)
+    assert await verdict(scorer, a, expects("delete")) is F
+    client.mark_complete(trace_ids=(TRACE_A,), span_count=3)
+    client.add_spans([tool_span(TRACE_A, 3, parent=1)])
+    assert await verdict(scorer, a, expects("delete")) is U
+    assert "conflicting_completion" in client.query([TRACE_A])[0].coverage.reasons
+    # complete by a claim without a count (2 spans), then "3 spans" and a third span
+    client.add_spans([tool_span(TRACE_B, 1), tool_span(TRACE_B, 2, "search", parent=1)])
+    client.mark_complete(trace_ids=(TRACE_B,))
+    assert await verdict(scorer, b, expects("delete")) is F
+    client.mark_complete(trace_ids=(TRACE_B,), span_count=3)
+    client.add_spans([tool_span(TRACE_B, 3, parent=1)])
+    assert await verdict(scorer, b, expects("delete")) is U
+    # "3 spans" with 2 seen, then a claim without a count: the count still stands (no FALSE on 2 of 3)
+    client.add_spans([tool_span(c.trace_ids[0], 1), tool_span(c.trace_ids[0], 2, "search", parent=1)])
+    client.mark_complete(trace_ids=c.trace_ids, span_count=3)
+    client.mark_complete(trace_ids=c.trace_ids)
+    assert await verdict(scorer, c, expects("delete")) is U
+    client.add_spans([tool_span(c.trace_ids[0], 3, parent=1)])
+    assert await verdict(scorer, c, expects("delete")) is F  # the count is met: absence proven
+    # the same claim again is no conflict
+    client.mark_complete(trace_ids=c.trace_ids, span_count=3)
+    assert await verdict(scorer, c, expects("delete")) is F
+
+
 async def test_replaying_a_message_composite_gives_the_live_verdict() -> None:
     # seed 000's AND of a message check and the tool scorer: replay has no memory, so the saved
     # evidence must carry the response text the text scorer judged.
