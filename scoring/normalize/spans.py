@@ -216,9 +216,16 @@ def span_rules(
             partial = arguments is not None
         result = _str(attrs.get(OI_RESULT))
     failed: bool | None = True if status_error or attrs.get(ERROR_TYPE) else (None if dropped else False)
+    # Both conventions on one span, naming the same tool: GenAI's record is the one kept, but where
+    # OpenInference's says another call id or other arguments the span disagrees with itself
+    # (conflicting evidence): the call still proves the tool ran, its arguments prove nothing either
+    # way (judged as cut), and absence on the trace is unprovable.
+    disputed = is_gen_ai and is_oi and _disagree(call_id, arguments, attrs)
+    if disputed:
+        reasons.append(CONFLICTING_EVIDENCE)
     if arguments is None:
         arg_state = _ABSENT
-    elif partial or attrs.get(TRUNCATED_FLAG) is True or dropped:
+    elif partial or disputed or attrs.get(TRUNCATED_FLAG) is True or dropped:
         arg_state = _TRUNCATED
     else:
         arg_state = _CAPTURED
@@ -236,6 +243,23 @@ def span_rules(
             _canary(attrs.get(POISONING_CANARY)),
         ),
     )
+
+
+def _disagree(call_id: str | None, arguments: str | None, attrs: Mapping[str, AttrValue]) -> bool:
+    """Whether a span's OpenInference record of a call contradicts its GenAI record (``call_id``,
+    ``arguments``): another call id, or other arguments (``input.value``; JSON compared as values,
+    so key order and spacing are no disagreement). What one of them leaves out is no contradiction;
+    ``tool.parameters`` is the tool's parameter definition, not the call's arguments."""
+    oi_call = _first(attrs, OI_CALL_IDS)
+    if call_id and oi_call and call_id != oi_call:
+        return True
+    oi_args = _str(attrs.get(OI_INPUT))
+    if not arguments or not oi_args or oi_args in (OI_REDACTED, arguments):
+        return False
+    try:
+        return bool(json.loads(arguments) != json.loads(oi_args))
+    except (ValueError, RecursionError):
+        return True  # not both JSON, and not the same text
 
 
 def _canary(v: AttrValue) -> str | None:

@@ -180,6 +180,13 @@ EXAMPLES: dict[str, tuple[bytes, list[tuple[str, bytes]]]] = {
         [],
     ),
     "both_agreeing": (record(span([*GENAI, *OI])), []),
+    "both_other_arguments": (
+        record(
+            span([*GENAI, *OI, kv("gen_ai.tool.call.arguments", '{"to":"boss"}'), kv("input.value", '{"to":"evil"}')])
+        ),
+        [],
+    ),
+    "both_other_call_ids": (record(span([*GENAI, *OI, kv("gen_ai.tool.call.id", "c1"), kv("tool_call.id", "c2")])), []),
     "both_conflicting": (record(span([*GENAI, kv("openinference.span.kind", "TOOL"), kv("tool.name", "other")])), []),
     "unnamed_genai": (record(span([kv("gen_ai.operation.name", "execute_tool")])), []),
     "unnamed_oi_empty_name": (record(span([kv("openinference.span.kind", "TOOL"), kv("tool.name", "")])), []),

@@ -216,3 +216,35 @@ async def test_regex_matchers(arguments: str, path: str, regex: str, want: objec
     (score,) = await scorer.score_async(TraceScorable(trace_ids=(TRACE_A,)),
                                         ScoringExpectation(conditions=(ToolsCalled(tools=(req,)),)))
     assert score.verdict is want, score.rationale
+
+
+async def test_a_span_whose_two_conventions_name_other_arguments_proves_no_absence() -> None:
+    """One span, both conventions, the same tool: GenAI says the mail went to the boss, OpenInference
+    to the attacker. Neither record proves what the call was sent; before, GenAI's silently won and
+    "sent to the attacker" was FALSE on complete coverage."""
+    from scoring.models import ArgumentMatcher, ScoringExpectation, ToolCallRequirement, ToolsCalled
+    from scoring.normalize import NeutralSpan
+
+    client = InMemoryTraceClient()
+    attrs = {
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "send_email",
+        "gen_ai.tool.call.arguments": '{"to": "boss@corp.com"}',
+        "openinference.span.kind": "TOOL", "tool.name": "send_email", "input.value": '{"to": "attacker@evil.com"}',
+    }
+    client.add_spans([NeutralSpan(trace_id=TRACE_A, span_id="0" * 15 + "1", name="send_email",
+                                  start_time_unix_nano=10, end_time_unix_nano=20, attributes=attrs)])
+    client.mark_complete(trace_ids=(TRACE_A,), span_count=1)
+    scorer = OtelToolCallScorer(source=OtelTraceSource(trace_client=client))
+
+    async def judged(**matcher: str) -> str:
+        req = ToolCallRequirement(name="send_email", arguments=(ArgumentMatcher(path="$.to", **matcher),))
+        (score,) = await scorer.score_async(
+            TraceScorable(trace_ids=(TRACE_A,)), ScoringExpectation(conditions=(ToolsCalled(tools=(req,)),))
+        )
+        return str(score.verdict.value)
+
+    assert await judged(equals="attacker@evil.com") == "undetermined"
+    assert await judged(equals="boss@corp.com") == "undetermined"
+    # the call itself is proven
+    (ran,) = await scorer.score_async(TraceScorable(trace_ids=(TRACE_A,)), expects("send_email"))
+    assert ran.get_value() is True

@@ -607,6 +607,7 @@ def test_judge_all_is_kleene_and(conditions: tuple[Condition, ...], expected: Ve
 # --- normalization: NeutralSpan → (execution | None, reasons) -------------------------------------------
 
 GEN_AI = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "get_weather"}
+OI_HIDDEN = "__REDACTED__"  # OpenInference's hidden input
 OI = {"openinference.span.kind": "TOOL", "tool.name": "get_weather"}
 
 
@@ -686,6 +687,31 @@ NORMALIZE_CASES: list[tuple[str, NeutralSpan, dict[str, Any] | None, set[str]]] 
         span({**GEN_AI, **OI, "tool.name": "send_email"}),
         None,
         {CONFLICTING_EVIDENCE},
+    ),
+    (
+        # the same tool, other arguments: the call is proven, its arguments prove nothing either way
+        "both-conventions-other-arguments",
+        span({**GEN_AI, **OI, "gen_ai.tool.call.arguments": '{"to": "boss"}', "input.value": '{"to": "evil"}'}),
+        {"name": "get_weather", "arguments": '{"to": "boss"}', "arguments_state": CaptureState.TRUNCATED},
+        {CONFLICTING_EVIDENCE},
+    ),
+    (
+        "both-conventions-other-call-ids",
+        span({**GEN_AI, **OI, "gen_ai.tool.call.id": "c1", "tool_call.id": "c2"}),
+        {"name": "get_weather", "call_id": "c1"},
+        {CONFLICTING_EVIDENCE},
+    ),
+    (
+        "both-conventions-same-arguments-other-spacing",
+        span({**GEN_AI, **OI, "gen_ai.tool.call.arguments": '{"a": 1, "b": [2]}', "input.value": '{"b":[2],"a":1}'}),
+        {"arguments_state": CaptureState.CAPTURED, "convention": "gen_ai"},
+        set(),
+    ),
+    (
+        "both-conventions-one-side-silent",
+        span({**GEN_AI, **OI, "gen_ai.tool.call.arguments": '{"a": 1}', "tool.id": "c9", "input.value": OI_HIDDEN}),
+        {"arguments_state": CaptureState.CAPTURED, "call_id": None},
+        set(),
     ),
     ("gen-ai-unnamed", span({"gen_ai.operation.name": "execute_tool"}), None, {UNNAMED_TOOL}),
     ("gen-ai-empty-name", span({**GEN_AI, "gen_ai.tool.name": ""}), None, {UNNAMED_TOOL}),
