@@ -8,10 +8,55 @@ How a condition is judged on evidence lives in ``scoring.verdict``.
 from __future__ import annotations
 
 import re
+import re._constants as _re_constants  # type: ignore[import-not-found]
+import re._parser as _re_parser  # type: ignore[import-not-found]
 from typing import Annotated, Any, Literal
 
 import regex as regex_engine
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+#: the most positions a matcher regex may unroll to (``unrolled_size``): ~6 MB compiled (``\d{3}`` is 4,
+#: ``[A-Za-z0-9+/]{1000,}`` 1,001)
+MAX_UNROLLED_REGEX = 20_000
+_REPEATS = frozenset({_re_constants.MAX_REPEAT, _re_constants.MIN_REPEAT, _re_constants.POSSESSIVE_REPEAT})
+
+
+def unrolled_size(pattern: str) -> int:
+    """About how many positions the regex engine compiles ``pattern`` to: it writes a repetition's
+    body out its minimum count of times (measured: ``(a{1000}){1000}`` takes ~270 MB, ``a{0,1000}``
+    nothing much), so nested minimum counts multiply. Read on ``re``'s parse tree; a pattern ``re``
+    refuses is 0 here (its compile error is reported instead)."""
+    try:
+        tree = _re_parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return 0
+
+    def size(items: Any) -> int:
+        total = 0
+        for op, av in items:
+            if op in _REPEATS:
+                low, _high, body = av
+                total += max(1, low) * size(body) + 1
+            elif op is _re_constants.SUBPATTERN:
+                total += size(av[-1])
+            elif op is _re_constants.BRANCH:
+                total += sum(size(alt) for alt in av[1])
+            elif op in (_re_constants.ASSERT, _re_constants.ASSERT_NOT):
+                total += size(av[1])
+            elif op is _re_constants.ATOMIC_GROUP:
+                total += size(av)
+            elif op is _re_constants.GROUPREF_EXISTS:
+                total += size(av[1]) + (size(av[2]) if av[2] is not None else 0)
+            else:
+                total += 1
+            if total > MAX_UNROLLED_REGEX:  # enough to refuse: stop before the product grows huge
+                return total
+        return total
+
+    try:
+        return size(tree)
+    except RecursionError:
+        return MAX_UNROLLED_REGEX + 1
 
 
 class _Frozen(BaseModel):
@@ -65,8 +110,17 @@ class ArgumentMatcher(_Frozen):
                 re.compile(self.regex)
             except re.error as exc:
                 raise ValueError(f"invalid regex {self.regex!r}: {exc}") from exc
+            # Before compiling: the regex engine writes a counted repetition out its minimum number of
+            # times, nested ones multiplied (``(a{65535}){65535}`` would take tens of GiB).
+            size = unrolled_size(self.regex)
+            if size > MAX_UNROLLED_REGEX:
+                raise ValueError(
+                    f"regex {self.regex[:80]!r} would take too much memory to compile: its counted repetitions "
+                    f"unroll to about {size:,} positions (at most {MAX_UNROLLED_REGEX:,}); use smaller minimum "
+                    "counts, or an open repetition (a{2,} instead of a{65535})"
+                )
             try:
-                regex_engine.compile(self.regex, regex_engine.V0)
+                regex_engine.compile(self.regex, regex_engine.V0, cache_pattern=False)
             except regex_engine.error as exc:
                 raise ValueError(f"invalid regex {self.regex!r} (for the regex engine matchers run on): {exc}") from exc
         if not self.path.startswith("$"):

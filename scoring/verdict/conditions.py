@@ -314,7 +314,7 @@ _TIMEOUTS_LOCK = threading.Lock()
 log = logging.getLogger(__name__)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=128)  # each at most ~6 MB (scoring.models.conditions.MAX_UNROLLED_REGEX)
 def _regex(pattern: str) -> regex.Pattern[str]:
     """The compiled matcher regex, on the ``regex`` engine in its ``re``-compatible V0 dialect.
 
@@ -327,7 +327,7 @@ def _regex(pattern: str) -> regex.Pattern[str]:
     # so an allow-list ``^ls$`` would accept "ls\n".
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1] + "\\Z"
-    return regex.compile(pattern, regex.V0)
+    return regex.compile(pattern, regex.V0, cache_pattern=False)  # cached here, not twice
 
 
 def _text_key(pattern: str, text: str) -> tuple[str, bytes]:

@@ -144,3 +144,62 @@ def test_a_final_dollar_is_still_the_end_of_the_value() -> None:
 def test_a_pattern_the_engine_refuses_is_refused_when_the_matcher_is_built() -> None:
     with pytest.raises(ValueError, match="invalid regex"):
         ArgumentMatcher(path="$.q", regex="(")
+
+
+_UNROLL_CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a regression fails here, not the machine
+from collector.client import build_expectation
+from collector.wire.convert import ControlDecodeError, expectation_from_proto
+from scoring.models import ArgumentMatcher, ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
+pattern = sys.argv[1]
+try:
+    ArgumentMatcher(path="$.q", regex=pattern)
+    print("library: taken")
+except ValueError as exc:
+    print("library:", str(exc).replace("\\n", " "))
+matcher = ArgumentMatcher.model_construct(path="$.q", regex=pattern)
+expectation = ScoringExpectation.model_construct(
+    conditions=(ToolsCalled.model_construct(tools=(ToolCallRequirement.model_construct(
+        name="search", arguments=(matcher,), status="any", min_count=1, max_count=None),)),),
+    objective=None,
+)
+msg = build_expectation(expectation_id="e1", tenant="default", scope=TraceScorable(trace_ids=("ab" * 16,)),
+                        expectation=expectation, scorer="tools", deadline=None, labels=None)
+try:
+    expectation_from_proto(msg, default_tenant="default", default_deadline_s=1.0, now_ms=0)
+    print("service: taken")
+except ControlDecodeError as exc:
+    print("service:", exc.reason, exc.detail.replace("\\n", " "))
+"""
+
+
+#: counted repetitions the backtracking check takes (so the service's decoding reaches the bound)
+UNROLLING = ["(?:ab{9999}){9999}", "(?:ab{999}){999}", "(?:ab{999}){11}(?:cd{999}){11}"]
+
+
+@pytest.mark.parametrize("pattern", UNROLLING)
+def test_a_regex_that_would_unroll_to_gigabytes_is_refused_before_it_is_compiled(pattern: str) -> None:
+    """The regex engine writes a counted repetition out its minimum number of times, nested ones
+    multiplied: a fuzzed pattern of that kind ran a CI test process out of 23 GiB, and
+    ``(?:ab{9999}){9999}`` (which the backtracking check takes) would have done the same to the
+    service. It is refused, in the library and by the service's decoding, with what to change."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run(
+        [sys.executable, "-c", _UNROLL_CHILD, pattern], cwd=Path(__file__).resolve().parents[3],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    library, service = done.stdout.strip().splitlines()
+    assert "too much memory to compile" in library and "at most 20,000" in library, library
+    assert service.startswith("service: invalid_expectation") and "too much memory" in service, service
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"^\d{3}-\d{4}$", r"(?:[a-z]{2,63}\.){1,127}com", "(?:a{100}){100}", r"[A-Za-z0-9+/]{1000,}"]
+)
+def test_counted_repetitions_of_a_usual_size_are_taken(pattern: str) -> None:
+    assert ArgumentMatcher(path="$.q", regex=pattern).regex == pattern
