@@ -142,6 +142,18 @@ async def until(predicate: Callable[[], Any], timeout: float = 30.0, interval: f
             await asyncio.sleep(interval)
 
 
+async def producer_sees_partitions(producer: AIOKafkaProducer, topic: str, count: int) -> None:
+    """Refresh ``producer``'s metadata until it knows ``count`` partitions of ``topic``: the broker
+    answers CreatePartitions before its metadata shows them, and sending to a partition the
+    producer does not know fails ("Unrecognized partition")."""
+
+    async def known() -> bool:
+        await producer.client.force_metadata_update()
+        return len(producer.client.cluster.partitions_for_topic(topic) or ()) >= count
+
+    await until(known)
+
+
 async def settled(service: ToolwitnessService, tenant: str, expectation_id: str) -> None:
     """Wait until the service has registered the expectation and finished the batch that did."""
     key = service.store.k.expectation(tenant, expectation_id)

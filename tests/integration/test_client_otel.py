@@ -83,7 +83,7 @@ from scoring.models import (
 )
 from scoring.models.conditions import Condition
 from scoring.models.evidence import CaptureState, CompletionSource
-from tests.integration.harness import admin_get
+from tests.integration.harness import admin_get, producer_sees_partitions
 
 pytestmark = pytest.mark.integration
 
@@ -685,7 +685,7 @@ async def test_partitions_added_to_the_scores_topic_are_read_from_their_start_an
             await kafka_admin.create_partitions({topics.scores: NewPartitions(total_count=6)})
             # Scores on every partition, the two new ones included, before the client can have
             # noticed them: those on 4 and 5 are older than the client's first look at them.
-            await producer.client.force_metadata_update()
+            await producer_sees_partitions(producer, topics.scores, 6)
             sent = {p: score_event(f"after-{p}") for p in range(6)}
             for p, ev in sent.items():
                 await producer.send_and_wait(topics.scores, value=encode(ev, "protobuf"), partition=p)
@@ -719,7 +719,7 @@ async def test_a_broker_error_while_following_added_partitions_is_retried(
         tw._consumer.beginning_offsets = flaky
         await kafka_admin.create_partitions({topics.scores: NewPartitions(total_count=6)})
         await failed.wait()
-        await producer.client.force_metadata_update()
+        await producer_sees_partitions(producer, topics.scores, 6)
         sent = {p: score_event(f"after-{p}") for p in range(6)}
         for p, ev in sent.items():
             await producer.send_and_wait(topics.scores, value=encode(ev, "protobuf"), partition=p)

@@ -19,6 +19,7 @@ from tests.integration.harness import (
     new_trace_id,
     otlp_request,
     otlp_span,
+    producer_sees_partitions,
     raw_producer,
     running_service,
     span_partitions,
@@ -41,7 +42,7 @@ async def test_spans_on_a_partition_added_while_running_are_scored(kafka_bootstr
             await until(lambda: span_partitions(svc) == {0})
             eid = await tw.expect(TraceScorable(trace_ids=(trace,)), expects("search"))
             await admin.create_partitions({cfg.kafka.topics.spans: NewPartitions(total_count=3)})
-            await producer.client.force_metadata_update()
+            await producer_sees_partitions(producer, cfg.kafka.topics.spans, 3)
             record = otlp_request([otlp_span(trace, start_ms=now, end_ms=now + 1, tool="search")])
             # on the new partition 2, before the service could have noticed it: read from its start
             await producer.send_and_wait(cfg.kafka.topics.spans, record.SerializeToString(), partition=2)
