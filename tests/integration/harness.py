@@ -24,6 +24,8 @@ import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
 from google.protobuf import json_format
 from opentelemetry.context import Context
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -152,6 +154,47 @@ async def producer_sees_partitions(producer: AIOKafkaProducer, topic: str, count
         return len(producer.client.cluster.partitions_for_topic(topic) or ()) >= count
 
     await until(known)
+
+
+#: the key of the records ``set_record_limit`` probes the broker with (readers drop them)
+PROBE_KEY = b"probe"
+#: the broker's default max.message.bytes (1 MiB + record batch overhead)
+BROKER_RECORD_LIMIT = 1048588
+
+
+async def set_record_limit(bootstrap: str, topic: str, limit: int, timeout: float = 30.0) -> int:
+    """Set ``topic``'s max.message.bytes to ``limit`` and return once the broker enforces it.
+
+    The broker applies a topic's new config when it publishes the metadata record, after the
+    AlterConfigs answer: a record sent right after could still be taken (seen in CI). So a probe
+    (a plain producer, key ``PROBE_KEY``) is sent until the broker refuses one just over a lowered
+    limit, or takes one a raised limit lets through. Returns how many probes the topic took, so the
+    caller can drop them when reading."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})])
+    finally:
+        await admin.close()
+    lowered = limit < BROKER_RECORD_LIMIT
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=2 * BROKER_RECORD_LIMIT, acks=1)
+    await producer.start()
+    taken = 0
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    await producer.send_and_wait(topic, b"x" * (limit + 1000 if lowered else 2000), key=PROBE_KEY)
+                except KafkaError:
+                    if lowered:
+                        return taken  # refused: the lowered limit holds
+                else:
+                    taken += 1
+                    if not lowered:
+                        return taken  # taken: the raised limit holds
+                await asyncio.sleep(0.05)
+    finally:
+        await producer.stop()
 
 
 async def settled(service: ToolwitnessService, tenant: str, expectation_id: str) -> None:

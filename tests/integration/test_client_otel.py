@@ -35,7 +35,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaTimeoutError
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -83,7 +83,7 @@ from scoring.models import (
 )
 from scoring.models.conditions import Condition
 from scoring.models.evidence import CaptureState, CompletionSource
-from tests.integration.harness import admin_get, producer_sees_partitions
+from tests.integration.harness import PROBE_KEY, admin_get, producer_sees_partitions, set_record_limit
 
 pytestmark = pytest.mark.integration
 
@@ -289,39 +289,6 @@ def sized_trace_spans(*sizes: int) -> tuple[list[ReadableSpan], list[str]]:
     return list(memory.get_finished_spans()), trace_ids
 
 
-#: the key of the records ``lower_record_limit`` probes the broker with (readers drop them)
-PROBE_KEY = b"probe"
-
-
-async def lower_record_limit(bootstrap: str, topic: str, limit: int) -> int:
-    """Lower ``topic``'s max.message.bytes to ``limit`` and return once the broker enforces it.
-
-    The broker applies a topic's new config when it publishes the metadata record, after the
-    AlterConfigs answer: a record sent right after could still be taken (seen in CI). Until the
-    broker refuses a record just over the limit (a plain producer, key ``PROBE_KEY``), the probe is
-    sent again. Returns how many probes it took, so the caller can drop them when reading."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})])
-    finally:
-        await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=4 * limit, acks=1)
-    await producer.start()
-    taken = 0
-    try:
-        async with asyncio.timeout(TIMEOUT_S):
-            while True:
-                try:
-                    await producer.send_and_wait(topic, b"x" * (limit + 1000), key=PROBE_KEY)
-                except KafkaError:
-                    return taken  # refused: the limit holds
-                taken += 1
-                await asyncio.sleep(0.05)
-    finally:
-        await producer.stop()
-
-
 @pytest.mark.parametrize("refused_by", ["producer", "broker"])
 async def test_a_trace_kafka_refuses_costs_an_export_only_that_trace(
     kafka_bootstrap: str, topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture, refused_by: str
@@ -341,7 +308,7 @@ async def test_a_trace_kafka_refuses_costs_an_export_only_that_trace(
             assert await asyncio.to_thread(exporter.export, [first]) is SpanExportResult.SUCCESS
             probes = 0
             if refused_by == "broker":
-                probes = await lower_record_limit(kafka_bootstrap, topic, 100_000)
+                probes = await set_record_limit(kafka_bootstrap, topic, 100_000)
             with caplog.at_level(logging.WARNING, logger="collector.otel"):
                 assert await asyncio.to_thread(exporter.export, spans) is SpanExportResult.FAILURE
             assert await asyncio.to_thread(exporter.export, [last]) is SpanExportResult.SUCCESS
@@ -371,7 +338,7 @@ async def test_a_trace_the_topic_refuses_does_not_stop_the_exporter(
         async with asyncio.timeout(TIMEOUT_S):
             for i, (spans, _) in enumerate(exports):
                 if i == 1 and lowered == "after-start":
-                    probes = await lower_record_limit(kafka_bootstrap, topic, 100_000)
+                    probes = await set_record_limit(kafka_bootstrap, topic, 100_000)
                 with caplog.at_level(logging.WARNING, logger="collector.otel"):
                     results.append(await asyncio.to_thread(exporter.export, spans))
     finally:
@@ -1039,7 +1006,7 @@ async def test_a_trace_the_topic_refuses_does_not_stop_the_sidecar(
         await sidecar.start()
         try:
             if lowered == "after-start":
-                probes = await lower_record_limit(kafka_bootstrap, spans_topic, 100_000)
+                probes = await set_record_limit(kafka_bootstrap, spans_topic, 100_000)
             async with grpc.aio.insecure_channel(sidecar.endpoint) as channel:
                 stub = trace_service_pb2_grpc.TraceServiceStub(channel)  # type: ignore[no-untyped-call]
                 # a record first, so the producer's sequence on the partition is under way
@@ -1067,7 +1034,7 @@ async def test_a_failed_producer_renewal_is_tried_again_by_the_next_export(
     async with asyncio.timeout(TIMEOUT_S):
         await sidecar.start()
         try:
-            probes = await lower_record_limit(kafka_bootstrap, spans_topic, 100_000)
+            probes = await set_record_limit(kafka_bootstrap, spans_topic, 100_000)
             real_new = sidecar._new_producer
 
             async def slow_once() -> Any:

@@ -21,13 +21,12 @@ import time
 
 import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError
 
 from collector.config import ServiceConfig
 from collector.wire.convert import decode_score_event
 from tests.integration.harness import (
+    BROKER_RECORD_LIMIT,
+    PROBE_KEY,
     TraceGroup,
     counter_value,
     create_topic,
@@ -38,47 +37,16 @@ from tests.integration.harness import (
     read_until,
     running_service,
     scores_by_id,
+    set_record_limit,
     until,
     verdict,
 )
 
 pytestmark = pytest.mark.integration
 
-#: the records ``set_record_limit`` probes the broker with (readers drop them)
-PROBE_KEY = b"probe"
 #: after the cause is fixed: the sweeper re-sends an unpublished decision 2 s after its last try
 RECOVERY_S = 20.0
 EXPORT_FAILURES = ("toolwitness_export_failures_total", {"component": "exporter/kafka"})
-BROKER_DEFAULT = 1048588
-
-
-async def set_record_limit(bootstrap: str, topic: str, limit: int) -> None:
-    """Set ``topic``'s max.message.bytes and return once the broker enforces it: it applies a
-    topic's config after the AlterConfigs answer, so a record just over the limit (a plain
-    producer, key ``PROBE_KEY``) is sent until it is refused (or, raising it, until one is taken)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})])
-    finally:
-        await admin.close()
-    lowered = limit < BROKER_DEFAULT
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=2 * BROKER_DEFAULT, acks=1)
-    await producer.start()
-    try:
-        async with asyncio.timeout(30):
-            while True:
-                try:
-                    await producer.send_and_wait(topic, b"x" * (limit + 1000 if lowered else 2000), key=PROBE_KEY)
-                except KafkaError:
-                    if lowered:
-                        return
-                else:
-                    if not lowered:
-                        return
-                await asyncio.sleep(0.05)
-    finally:
-        await producer.stop()
 
 
 def records(rs: list[ConsumerRecord[bytes, bytes]]) -> list[ConsumerRecord[bytes, bytes]]:
@@ -136,7 +104,7 @@ async def test_records_refused_while_a_topic_limit_was_lowered_are_published_onc
         failures = counter_value(*EXPORT_FAILURES)
         await send_group(producer, cfg, group)
         await until(lambda: counter_value(*EXPORT_FAILURES) > failures, timeout=30)  # refused
-        await set_record_limit(kafka_bootstrap, topic, BROKER_DEFAULT)
+        await set_record_limit(kafka_bootstrap, topic, BROKER_RECORD_LIMIT)
         with fail_on_timeout(lambda: f"{lowered}: the refused records were not published within {RECOVERY_S:.0f}s "
                                      "of the limit being restored (the producer's sequence stayed broken?)"):
             await until(lambda: published(cfg, group.verdicts()), timeout=RECOVERY_S, interval=0.3)

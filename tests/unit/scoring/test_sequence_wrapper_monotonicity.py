@@ -23,22 +23,10 @@ import pytest
 from scoring.models import Coverage, ToolExecution, ToolSequence
 from scoring.models.status import Verdict
 from scoring.verdict import Evidence, judge
+from tests.unit.scoring.test_sequence_ties import ex
 
 T, F, U = Verdict.TRUE, Verdict.FALSE, Verdict.UNDETERMINED
-TRACE = "0af7651916cd43dd8448eb211c80319c"
 OPEN_GAP = "a record nested in one already seen moves its call's start time (design decision pending)"
-
-
-def ex(name: str, start: int, end: int, *, span: int, call_id: str) -> ToolExecution:
-    return ToolExecution(
-        name=name,
-        trace_id=TRACE,
-        span_id=f"{span:016x}",
-        call_id=call_id,
-        status="ok",
-        start_time_unix_nano=start,
-        end_time_unix_nano=end,
-    )
 
 
 def evidence(executions: Sequence[ToolExecution], complete: bool) -> Evidence:
