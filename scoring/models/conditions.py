@@ -169,6 +169,11 @@ class ToolSequence(_Frozen):
     ``subsequence``: the tools appear in this order, other calls may interleave.
     ``exact``: the executions are exactly these, in this order.
     ``any_order``: each listed tool ran (as a multiset), in any order.
+
+    Calls that started at the same instant may have run in either order. On incomplete coverage,
+    an order is decided only between calls one of which ended before the other started: a call
+    with a call id may still turn out to have started later within its record (another record of
+    it, nested in that one, may arrive), so overlapping calls are ordered on complete coverage.
     """
 
     type: Literal["tool_sequence"] = "tool_sequence"

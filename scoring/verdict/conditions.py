@@ -44,8 +44,10 @@ T, F, U = Verdict.TRUE, Verdict.FALSE, Verdict.UNDETERMINED
 
 
 def _end(e: ToolExecution) -> float:
-    """When a record ended; one still open may yet hold anything that started after it."""
-    return e.end_time_unix_nano if e.end_time_unix_nano > 0 else float("inf")
+    """When a record ended; one still open may yet hold anything that started after it. A record
+    whose clock stepped back (ended before it started) is taken to end where it started: so a
+    record nested in another always starts within it (``_call_window`` relies on that)."""
+    return max(e.end_time_unix_nano, e.start_time_unix_nano) if e.end_time_unix_nano > 0 else float("inf")
 
 
 def _wraps(outer: ToolExecution, inner: ToolExecution) -> bool:
@@ -538,6 +540,52 @@ def _equal_in_some_order(groups: Sequence[Sequence[str]], want: Sequence[str]) -
     return j == len(want)
 
 
+Window = tuple[str, int, float]  # a call's tool name, and the earliest and latest start it may turn out to have
+
+
+def _call_window(e: ToolExecution, complete: bool) -> Window:
+    """Where a call may yet turn out to have started. A call counts at its innermost record's start
+    (``_calls``); while coverage is incomplete, another record of the call (same call id) nested in
+    that one may still arrive and move the call to its own start, which lies within the innermost
+    record (``_end``). A record without a call id, or on complete evidence, stays where it started."""
+    start = e.start_time_unix_nano
+    return (e.name, start, start if complete or not e.call_id else _end(e))
+
+
+def _surely_in_order(want: Sequence[str], windows: Sequence[Window]) -> bool:
+    """``want`` is a subsequence of every order the windows allow: each run of one name in ``want``
+    matched by calls that all start before every call matching the next run can start. Greedy:
+    the calls of a run that can start earliest leave the most room to the rest. More executions,
+    and narrower windows, never undo it."""
+    after = float("-inf")
+    i = 0
+    while i < len(want):
+        name, run = want[i], 1
+        while i + run < len(want) and want[i + run] == name:
+            run += 1
+        latest = sorted(hi for n, lo, hi in windows if n == name and lo > after)
+        if len(latest) < run:
+            return False
+        after = latest[run - 1]
+        i += run
+    return True
+
+
+def _fits_some_window_order(windows: Sequence[Window], want: Sequence[str]) -> bool:
+    """Some order the windows allow is a subsequence of ``want``. A call may come next once every
+    call that surely starts before it (its window ends before this one's begins) is placed; of
+    those that may, the one whose window ends first is placed first (it holds back the most)."""
+    left = list(windows)
+    for name in want:
+        if not left:
+            return True
+        bound = min(hi for _, _, hi in left)
+        ready = [w for w in left if w[0] == name and w[1] <= bound]
+        if ready:
+            left.remove(min(ready, key=lambda w: w[2]))
+    return not left
+
+
 def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
     executions = [e for e, _ in ev.calls]
     seen = [e.name for e in executions]
@@ -549,6 +597,8 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
         if ev.complete:
             return Judgment(F, f"missing {sorted(missing.elements())}")
         return Judgment(U, f"missing {sorted(missing.elements())} so far: {_why_open(ev)}")
+    if not ev.complete and any(e.call_id and e.start_time_unix_nano > 0 for e in executions):
+        return _judge_open_sequence(c, ev, executions)
     groups, floating = _tie_groups(executions)
     tie = " (start-time ties: their order is not known)" if any(len(g) > 1 for g in groups) else ""
     if c.mode == "subsequence":
@@ -580,6 +630,30 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
         if all(len(set(g)) == 1 for g in groups):  # one order only
             return Judgment(T, f"executions {seen} vs exactly {want}")
         return Judgment(U, f"executions {seen} are exactly {want} in some of the orders the start times allow{tie}")
+    return Judgment(U, f"executions {seen} so far: {_why_open(ev)}")
+
+
+def _judge_open_sequence(c: ToolSequence, ev: Evidence, executions: Sequence[ToolExecution]) -> Judgment:
+    """``judge_sequence`` on incomplete coverage when a call may still move (see ``_call_window``):
+    an order is proven only between calls whose windows do not overlap, and refuted only when no
+    placement within the windows fits. The same verdicts as ``_tie_groups`` gives on points."""
+    want = list(c.tools)
+    seen = [e.name for e in executions]
+    windows = [_call_window(e, False) for e in executions if e.start_time_unix_nano > 0]
+    floating = len(executions) - len(windows)
+    if c.mode == "subsequence":
+        if _surely_in_order(want, windows):  # executions without a start time cannot undo it
+            return Judgment(T, f"{want} ran in order")
+        return Judgment(
+            U,
+            f"{want} not yet proven in order (saw {seen}; a call that overlaps another may still turn out "
+            f"to have started later, when another record of it arrives): {_why_open(ev)}",
+        )
+    if floating:
+        if Counter(seen) - Counter(want):
+            return Judgment(F, f"executions {seen} cannot become exactly {want}")
+    elif not _fits_some_window_order(windows, want):
+        return Judgment(F, f"executions {seen} cannot become exactly {want}")
     return Judgment(U, f"executions {seen} so far: {_why_open(ev)}")
 
 

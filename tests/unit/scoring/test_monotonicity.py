@@ -161,11 +161,13 @@ def _execution(
 ) -> ToolExecution:
     arguments, state = draw(st.sampled_from(pool))
     start = draw(st.integers(1, 40))
-    duration = draw(st.sampled_from([None, 0, 1, 3]))  # None: not ended yet
+    duration = draw(st.sampled_from([None, 0, 1, 3, 12]))  # None: not ended yet
     return ToolExecution(
         name=draw(st.sampled_from(names)),
         trace_id=TRACE_IDS[index % 2],
         span_id=f"{index + 1:016x}",
+        # a shared call id makes records of one call, nested (one execution) or not (each counts)
+        call_id=draw(st.sampled_from([None, None, "call_1", "call_2"])),
         status=draw(st.sampled_from(["ok", "error"])),
         start_time_unix_nano=start,
         end_time_unix_nano=0 if duration is None else start + duration,
