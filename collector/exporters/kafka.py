@@ -16,6 +16,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from collector.client import TopicSetupError
 from collector.client import kafka_security_kwargs as security_kwargs
@@ -183,7 +184,10 @@ class KafkaExporter:
         producer = self._producers.current
         if producer is None:
             raise ExportError("exporter not started")
-        fut = await producer.send(topic, value=value, key=key, headers=headers or None)
+        try:
+            fut = await producer.send(topic, value=value, key=key, headers=headers or None)
+        except KafkaError as exc:  # not taken (no metadata, a full buffer, over max_request_size): not delivered
+            raise ExportError(f"not sent: {type(exc).__name__}: {exc}") from exc
         owned = _OWNED.get()
         (self._pending if owned is None else owned).append(fut)
 

@@ -177,8 +177,9 @@ class ToolwitnessService:
         self.admin = AdminServer(cfg.admin.host, cfg.admin.port, ready=self.ready, alive=self.alive)
         self.retry = RetryPolicy()
         self.sweep_retry = RetryPolicy(base_s=cfg.completion.sweep_interval_ms / 1000)
-        #: the poll loop's batches, its watermark publishing, the sweeper, the brokers' answers
-        self.outages = {name: Outage(name) for name in ("batch", "watermarks", "sweep", "kafka")}
+        #: the poll loop's batches, its watermark publishing, the sweeper, the brokers' answers, and the
+        #: deliveries of what the batches and the sweeper publish (``_outage``)
+        self.outages = {name: Outage(name) for name in ("batch", "watermarks", "sweep", "kafka", "deliveries")}
         self._stopping = asyncio.Event()
         self._started = False
         self._last_loop = time.monotonic()
@@ -337,8 +338,8 @@ class ToolwitnessService:
                     result = await self.checkpoint.process(batch)
                 except RETRIABLE as exc:
                     delay = self.retry.next_delay()
-                    self.outages["batch"].failed(exc, f"batch not committed; retrying from its first offset in "
-                                                      f"{delay:.1f}s")
+                    self._outage(exc, "batch").failed(exc, f"batch not committed; retrying from its first offset in "
+                                                           f"{delay:.1f}s")
                     receiver.rewind(batch)
                     # The lag says how far behind this instance is while it cannot move on (the
                     # watermarks are not published: that needs Redis too). The broker's end offsets:
@@ -351,6 +352,8 @@ class ToolwitnessService:
                     continue
                 self.retry.reset()
                 self.outages["batch"].ok()
+                if result.published or result.dead_letters:
+                    self.outages["deliveries"].ok()
                 await receiver.commit(result.offsets)
             await self._publish_watermarks()
 
@@ -428,17 +431,27 @@ class ToolwitnessService:
         else:
             self.outages["watermarks"].ok()
 
+    def _outage(self, exc: BaseException, loop: str) -> Outage:
+        """Where a loop's failure counts: a failed delivery (``ExportError``) in the deliveries'
+        outage, which only a delivery that succeeds closes, anything else in the loop's own.
+        The loop's next turn succeeding proves nothing about Kafka taking records: it may send
+        none (a decision whose delivery failed is re-sent by the sweeper ``RESEND_GRACE_MS``
+        later, not by the replayed batch nor the next sweep), and closing the outage then said
+        "recovered" at every turn and kept /readyz 200 while no decision was published."""
+        return self.outages["deliveries" if isinstance(exc, ExportError) else loop]
+
     async def _sweep_loop(self) -> None:
         interval = self.cfg.completion.sweep_interval_ms / 1000
         outage = self.outages["sweep"]
         while not self._stopping.is_set():
             wait = interval
             try:
-                await self.sweep()
+                if await self.sweep():
+                    self.outages["deliveries"].ok()
                 await self.refresh_traces_gauge()
             except RETRIABLE as exc:
                 wait = max(interval, self.sweep_retry.next_delay())
-                outage.failed(exc, f"sweep not done; retrying in {wait:.1f}s")
+                self._outage(exc, "sweep").failed(exc, f"sweep not done; retrying in {wait:.1f}s")
             except Exception:
                 log.exception("sweeper: sweep failed; retrying")
             else:

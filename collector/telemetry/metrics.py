@@ -110,7 +110,8 @@ DEPENDENCY_FAILURES = Counter(
     "toolwitness_dependency_failures",
     "Redis or Kafka failures of the service's loops, retried: batch (not committed, replayed), "
     "watermarks (not published), sweep (deadlines, completions, re-sends postponed), kafka (the brokers did "
-    "not answer the poll loop's probe).",
+    "not answer the poll loop's probe), deliveries (scores, observations or dead letters of a batch or a sweep "
+    "not delivered; ended by a delivery that succeeds).",
     ["component", "loop"],
     registry=REGISTRY,
 )

@@ -22,7 +22,9 @@ import time
 import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
+from collector.admin import NOT_READY_AFTER_S
 from collector.config import ServiceConfig
+from collector.pipeline.service import OUTAGE_LOG_EVERY_S
 from collector.wire.convert import decode_score_event
 from tests.integration.harness import (
     BROKER_RECORD_LIMIT,
@@ -144,4 +146,57 @@ async def test_batches_refused_behind_each_other_on_one_partition_are_sent_again
     # them as out of order depends on how many producer batches were in flight together: seen in
     # most runs, not in all (a fresh-clone CI run logged 35 size refusals and no other kind).
     assert any("MessageSizeTooLargeError" in m for m in failed), failed
+    await assert_once_each(cfg, {**warm.verdicts(), **group.verdicts()})
+
+
+async def test_readiness_is_lost_while_deliveries_keep_failing_and_comes_back_once_they_succeed(
+    kafka_bootstrap: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The scores topic refuses every score for longer than NOT_READY_AFTER_S: the sweeper re-sends the
+    # decisions every 2 s and each re-send fails. Measured on the old code: /readyz stayed 200 and the
+    # log said "sweep recovered" every ~2 s -- the sweep after a failed re-send had nothing due (a
+    # decision put back waits RESEND_GRACE_MS), so it succeeded and closed the outage. A sweep that
+    # sends nothing says nothing about deliveries: the outage stays open until one succeeds.
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t = cfg.kafka.topics
+    await create_topic(kafka_bootstrap, t.scores, 1, {})
+    await create_topic(kafka_bootstrap, t.observations, 1, {"cleanup.policy": "compact"})
+    warm = TraceGroup.build("warm", 1, int(time.time() * 1000))
+    group = TraceGroup.build("g", 1, int(time.time() * 1000))
+    caplog.set_level(logging.INFO, logger="toolwitness.service")
+
+    def service_lines(since: int, text: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records[since:]
+                if r.name == "toolwitness.service" and r.levelno >= logging.WARNING and text in r.getMessage()]
+
+    def recoveries(since: int) -> list[str]:
+        return service_lines(since, " recovered after ")
+
+    async with running_service(cfg) as service, raw_producer(cfg) as producer:
+        await send_group(producer, cfg, warm)
+        await read_until(kafka_bootstrap, t.scores, lambda rs: len(records(rs)) >= 2, timeout=30)
+        assert service.ready()
+        await set_record_limit(kafka_bootstrap, t.scores, 200)  # below a score (~430 B)
+        failures = counter_value(*EXPORT_FAILURES)
+        before = len(caplog.records)
+        await send_group(producer, cfg, group)
+        await until(lambda: counter_value(*EXPORT_FAILURES) > failures, timeout=30)
+        failing, failed_at = len(caplog.records), time.monotonic()
+        with fail_on_timeout(lambda: f"still ready {NOT_READY_AFTER_S + 15:.0f}s after the first refused delivery; "
+                                     f"logged meanwhile: {recoveries(failing)}"):
+            await until(lambda: not service.ready(), timeout=NOT_READY_AFTER_S + 15, interval=0.1)
+        assert counter_value(*EXPORT_FAILURES) > failures + 1  # the sweeper's re-sends failed too
+        assert recoveries(failing) == []
+        warned = service_lines(before, "deliveries failed for ")
+        assert 1 <= len(warned) <= 1 + (time.monotonic() - failed_at) / OUTAGE_LOG_EVERY_S, warned
+        assert not await published(cfg, group.verdicts())
+
+        await set_record_limit(kafka_bootstrap, t.scores, BROKER_RECORD_LIMIT)
+        restored = len(caplog.records)
+        with fail_on_timeout(lambda: f"the refused decisions were not published within {RECOVERY_S:.0f}s"):
+            await until(lambda: published(cfg, group.verdicts()), timeout=RECOVERY_S, interval=0.3)
+        with fail_on_timeout(lambda: "not ready again after the decisions were published"):
+            await until(service.ready, timeout=10)
+        (recovered,) = recoveries(restored)
+    assert recovered.startswith("deliveries recovered after "), recovered
     await assert_once_each(cfg, {**warm.verdicts(), **group.verdicts()})
