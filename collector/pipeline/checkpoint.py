@@ -66,6 +66,11 @@ DECIDE_LANES = 8
 #: ... each lane carrying at least this many: every lane costs its own round trips, so a
 #: small batch (the low-latency case) goes in one lane.
 DECIDE_LANE_MIN = 32
+#: A control record stamped further ahead of this process's clock than this (a producer with a
+#: wrong clock) registers its expectation as created now: its deadline must come.
+MAX_CLOCK_AHEAD_MS = 60_000
+#: how often (seconds) a future-stamped registration is logged at most
+CLOCK_AHEAD_LOG_EVERY_S = 60.0
 
 
 @dataclass(slots=True)
@@ -125,6 +130,9 @@ class Checkpoint:
         self._records_spans = RECORDS_IN.labels(self.name, "spans")
         self._records_control = RECORDS_IN.labels(self.name, "control")
         self._spans_in = SPANS_IN.labels(self.name)
+        #: future-stamped control records not yet logged, and when that was last logged
+        self._clock_ahead = 0
+        self._clock_ahead_logged = float("-inf")
 
     async def process(self, batch: Batch) -> BatchResult:
         started = time.perf_counter()
@@ -297,6 +305,28 @@ class Checkpoint:
             return True
         return await self.store.get_decision(exp.tenant, exp.expectation_id) is not None
 
+    def _created_ms(self, rec: ConsumerRecord[bytes, bytes], expectation_id: str) -> int:
+        """When an expectation counts as registered: the record's own time, not ours, so a replay
+        (crash, data-loss recovery) gives it the same creation time and deadline again -- unless
+        the record is stamped more than ``MAX_CLOCK_AHEAD_MS`` in the future, whose deadline would
+        not come for as long as the producer's clock is ahead: then now (a replay may differ)."""
+        now, stamp = now_ms(), int(rec.timestamp or 0)
+        if stamp <= 0:
+            return now
+        if stamp <= now + MAX_CLOCK_AHEAD_MS:
+            return stamp
+        self._clock_ahead += 1
+        if time.monotonic() - self._clock_ahead_logged >= CLOCK_AHEAD_LOG_EVERY_S:
+            log.warning(
+                "expectation %s: its control record (%s[%d]@%d) is stamped %.0f s ahead of this process's "
+                "clock; registered as created now (%d such record(s) since the last warning): check the "
+                "producer's clock",
+                expectation_id[:80], rec.topic, rec.partition, rec.offset, (stamp - now) / 1000,
+                self._clock_ahead,
+            )
+            self._clock_ahead, self._clock_ahead_logged = 0, time.monotonic()
+        return now
+
     def _within_retention(self, exp: RegisteredExpectation) -> RegisteredExpectation:
         """A deadline at most ``redis.state_ttl_seconds`` away: the evidence it is judged on lives
         that long after the expectation is registered (a later deadline would judge expired
@@ -389,9 +419,7 @@ class Checkpoint:
                 msg.expectation,
                 default_tenant=default_tenant,
                 default_deadline_s=self.cfg.completion.default_deadline_seconds,
-                # The record's own time, not ours: a replay (crash, data-loss recovery)
-                # gives the expectation the same creation time and deadline again.
-                now_ms=rec.timestamp if rec.timestamp and rec.timestamp > 0 else now_ms(),
+                now_ms=self._created_ms(rec, msg.expectation.expectation_id),
             )
         except (ArithmeticError, ValueError, TypeError) as exc:
             # Pure decoding: whatever it cannot take is this record's fault, never a reason
