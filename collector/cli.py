@@ -156,6 +156,11 @@ def sidecar(
         str,
         typer.Option(help="host:port for /healthz, /readyz and /metrics ('' = none)"),
     ] = "",
+    shutdown_delay: Annotated[
+        float,
+        typer.Option(help="on SIGTERM/SIGINT, seconds to stay up not ready (still forwarding) before stopping "
+                          "(0 = stop at once; a second signal ends the wait)"),
+    ] = 5.0,
 ) -> None:
     """OTLP/gRPC TraceService receiver that forwards spans to Kafka keyed by trace id."""
     from collector.config import ConfigError, load_config
@@ -177,6 +182,7 @@ def sidecar(
             tenant=tenant,
             tenant_header=cfg.tenant.header,
             admin_listen=admin_listen,
+            shutdown_delay_seconds=shutdown_delay,
         )
     except ValidationError as exc:
         typer.echo(f"toolwitness sidecar: {exc.errors(include_url=False)[0]['msg']}", err=True)

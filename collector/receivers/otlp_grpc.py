@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -63,6 +64,10 @@ class SidecarConfig(GrpcServerConfig):
     tenant_header: str = "toolwitness-tenant"
     #: host:port of the sidecar's own admin endpoint (/healthz, /readyz, /metrics); empty: none
     admin_listen: str = ""
+    #: on SIGTERM/SIGINT, seconds of drain before the stop: /readyz answers 503 while Export calls
+    #: are still accepted and forwarded. Kubernetes removes a terminating pod from the Service's
+    #: endpoints while it sends SIGTERM, so agents keep sending here for a few seconds. 0: stop at once.
+    shutdown_delay_seconds: float = 5.0
 
     @field_validator("admin_listen")
     @classmethod
@@ -70,6 +75,13 @@ class SidecarConfig(GrpcServerConfig):
         host, sep, port = v.rpartition(":")
         if v and (not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535):
             raise ValueError(f"admin_listen must be host:port (or empty: no admin endpoint), got {v!r}")
+        return v
+
+    @field_validator("shutdown_delay_seconds")
+    @classmethod
+    def _delay(cls, v: float) -> float:
+        if not 0 <= v < math.inf:  # NaN fails too
+            raise ValueError(f"shutdown_delay_seconds must be a number of seconds >= 0 (0: stop at once), got {v}")
         return v
 
     @field_validator("tenant")
@@ -121,6 +133,8 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         self.rejected_spans = 0
         #: since when every forwarding to Kafka has failed (None: the last one went through)
         self.failing_since: float | None = None
+        #: set by ``drain()``: not ready, still serving (``run_sidecar`` stops it after the delay)
+        self.draining = False
 
     @property
     def _timeout_s(self) -> float:
@@ -237,11 +251,16 @@ class OtlpGrpcReceiver(GrpcServer[SidecarConfig]):
         return ExportTraceServiceResponse()
 
 
+    def drain(self) -> None:
+        """Report not ready from now on (the Service stops routing exports here), still serving."""
+        self.draining = True
+
     def ready(self) -> bool:
-        """Listening, and forwarding to Kafka has not failed for ``NOT_READY_AFTER_S`` in a row (as
-        the scorer's /readyz): a Service then sends the agents' exports to another sidecar."""
+        """Listening, not draining, and forwarding to Kafka has not failed for ``NOT_READY_AFTER_S``
+        in a row (as the scorer's /readyz): a Service then sends the agents' exports to another sidecar."""
         return (
-            self._producers.started
+            not self.draining
+            and self._producers.started
             and self._server is not None
             and (self.failing_since is None or time.monotonic() - self.failing_since < NOT_READY_AFTER_S)
         )
@@ -259,7 +278,9 @@ async def run_sidecar(
     env: Mapping[str, str] | None = None,
     on_started: Callable[[OtlpGrpcReceiver], None] | None = None,
 ) -> None:
-    """Run the sidecar until cancelled or SIGTERM/SIGINT, then shut it down gracefully.
+    """Run the sidecar until cancelled or SIGTERM/SIGINT, then shut it down gracefully: after a
+    signal it drains for ``shutdown_delay_seconds`` (not ready, still forwarding; a second signal
+    ends the drain), then stops.
 
     ``on_started`` is called with the started receiver (e.g. to learn an ephemeral port).
     """
@@ -298,7 +319,20 @@ async def _serve(receiver: OtlpGrpcReceiver, on_started: Callable[[OtlpGrpcRecei
             pass  # not the main thread / not supported: cancellation still stops us
     try:
         await stop.wait()
-        log.info("%s: signal received, shutting down", COMPONENT, extra=_EXTRA)
+        delay = receiver.config.shutdown_delay_seconds
+        if delay > 0:
+            # Kubernetes takes the pod out of the Service's endpoints only as it sends SIGTERM, and
+            # agents keep sending here until that reaches them: keep serving, but report not ready.
+            stop.clear()
+            receiver.drain()
+            log.info("%s: signal received, draining for %g s (not ready, still forwarding exports) before "
+                     "shutting down; a second signal stops at once", COMPONENT, delay, extra=_EXTRA)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            log.info("%s: %s, shutting down", COMPONENT, "second signal received" if stop.is_set() else "drained",
+                     extra=_EXTRA)
+        else:
+            log.info("%s: signal received, shutting down", COMPONENT, extra=_EXTRA)
     finally:
         for sig in installed:
             with contextlib.suppress(Exception):

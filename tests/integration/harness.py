@@ -532,11 +532,13 @@ _CONFIG_OVERRIDE = re.compile(r"TOOLWITNESS_(KAFKA_BOOTSTRAP|REDIS_URL|[A-Z_]+__
 
 
 class ServiceProcess:
-    """``toolwitness run --config FILE`` as a child process; its output goes to ``log_path``."""
+    """``toolwitness run --config FILE`` (or ``command`` ``--config FILE``, e.g. the sidecar) as a
+    child process; its output goes to ``log_path``."""
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
+    def __init__(self, config_path: Path, log_path: Path, command: Sequence[str] = ("run",)) -> None:
         self.config_path = config_path
         self.log_path = log_path
+        self.command = tuple(command)
         self.proc: asyncio.subprocess.Process | None = None
         self._log: IO[bytes] | None = None
         self.starts = 0
@@ -559,7 +561,7 @@ class ServiceProcess:
         # checkout the package was installed from (editable), which need not be the one under test
         # (a git worktree). Run from the repository root, its packages come first on sys.path.
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _RUN_CLI, "run", "--config", str(self.config_path), stdout=self._log,
+            sys.executable, "-c", _RUN_CLI, *self.command, "--config", str(self.config_path), stdout=self._log,
             stderr=self._log, env=env, cwd=REPO_ROOT,
         )
         self.starts += 1

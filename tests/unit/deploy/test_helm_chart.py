@@ -281,7 +281,8 @@ def test_pods_run_the_documented_commands(rendered: dict[str, list[dict[str, Any
     assert sidecar["args"] == ["sidecar", "--listen", "0.0.0.0:4317", "--admin-listen", "0.0.0.0:8888",
                                "--config", config_path,
                                "--tls-cert", "/etc/toolwitness/sidecar-tls/tls.crt",
-                               "--tls-key", "/etc/toolwitness/sidecar-tls/tls.key"]
+                               "--tls-key", "/etc/toolwitness/sidecar-tls/tls.key",
+                               "--shutdown-delay", "5"]
     mounts = {m["mountPath"]: m for m in scorer["volumeMounts"]} | {m["mountPath"]: m for m in sidecar["volumeMounts"]}
     assert mounts[config_path]["subPath"] == "config.yaml"
 
@@ -360,6 +361,33 @@ def test_a_sidecar_per_tenant_stamps_its_tenant(helm: Helm) -> None:
     assert service_config(docs)["tenant"]["resource_attribute"] == ""  # agents name no tenant
     proc = helm.template(sets=["sidecar.enabled=true", "sidecar.tenant=not a tenant"])
     assert proc.returncode != 0 and "/sidecar/tenant" in proc.stderr
+
+
+def test_the_sidecar_drains_before_it_stops_within_the_grace_period(helm: Helm) -> None:
+    """A terminating sidecar pod stays up not ready for sidecar.shutdownDelaySeconds (agents keep
+    sending until the endpoint removal reaches them), and the kubelet waits for that and its stop."""
+    from typer.main import get_command
+
+    from collector.cli import app
+
+    docs = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.shutdownDelaySeconds=12",
+                                  "terminationGracePeriodSeconds=48"])
+    pod = one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--shutdown-delay") + 1] == "12"
+    sidecar_cli = get_command(app).commands["sidecar"]  # type: ignore[attr-defined]
+    assert "--shutdown-delay" in {opt for param in sidecar_cli.params for opt in param.opts}
+    # 12 s of drain, 5 s for in-flight calls, 30 s (config.kafka.request_timeout_ms) for the producer
+    assert pod["terminationGracePeriodSeconds"] == 48
+    short = helm.template(sets=["sidecar.enabled=true", "sidecar.shutdownDelaySeconds=12",
+                                "terminationGracePeriodSeconds=47"])
+    assert short.returncode != 0
+    assert "terminationGracePeriodSeconds 47 is too short for the sidecar" in short.stderr
+    assert "Raise terminationGracePeriodSeconds above 47" in short.stderr
+    # the scorer alone never drains: without the sidecar the delay is not checked
+    assert helm.template(sets=["sidecar.shutdownDelaySeconds=600"]).returncode == 0
+    negative = helm.template(sets=["sidecar.enabled=true", "sidecar.shutdownDelaySeconds=-1"])
+    assert negative.returncode != 0 and "/sidecar/shutdownDelaySeconds" in negative.stderr
 
 
 def test_the_control_plane_may_read_the_verdicts_it_waits_for(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -871,6 +899,9 @@ def test_network_policy_ingress_only_from_listed_namespaces(rendered: dict[str, 
         (["sidecar.enabled=true", "sidecar.port=8888"], "sidecar.port must differ"),
         (["sidecar.enabled=true", "sidecar.replicaCount=3", "sidecar.podDisruptionBudget.maxUnavailable=3"],
          "sidecar.podDisruptionBudget.maxUnavailable must be lower than sidecar.replicaCount"),
+        # the default drain (5 s) and stop (5 s + 60 s request timeout) do not fit in the default 60 s
+        (["sidecar.enabled=true", "config.kafka.request_timeout_ms=60000"],
+         "terminationGracePeriodSeconds 60 is too short for the sidecar"),
     ],
 )
 def test_fail_fast_checks(helm: Helm, sets: list[str], message: str) -> None:

@@ -625,6 +625,12 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- if and .enabled .podDisruptionBudget.enabled (gt (int .replicaCount) 1) (ge (int .podDisruptionBudget.maxUnavailable) (int .replicaCount)) }}
 {{- fail "sidecar.podDisruptionBudget.maxUnavailable must be lower than sidecar.replicaCount, or a drain may evict every sidecar at once (agents' span exports then fail)" }}
 {{- end }}
+{{- /* The sidecar's shutdown (collector/receivers/otlp_grpc.py run_sidecar): its drain, then up to
+5 s for in-flight Export calls, then up to config.kafka.request_timeout_ms to stop its Kafka producer. */}}
+{{- $stop := add 5 (div (add (int64 $v.config.kafka.request_timeout_ms) 999) 1000) }}
+{{- if and .enabled (le (int64 $v.terminationGracePeriodSeconds) (add (int64 .shutdownDelaySeconds) $stop)) }}
+{{- fail (printf "terminationGracePeriodSeconds %d is too short for the sidecar: after SIGTERM it drains for sidecar.shutdownDelaySeconds (%d s), then takes up to %d s to stop (5 s for in-flight Export calls, then config.kafka.request_timeout_ms to stop its Kafka producer); killed earlier, the Export calls then in flight fail and agents must retry them. Raise terminationGracePeriodSeconds above %d, or shorten sidecar.shutdownDelaySeconds" (int $v.terminationGracePeriodSeconds) (int .shutdownDelaySeconds) (int $stop) (int (add (int64 .shutdownDelaySeconds) $stop))) }}
+{{- end }}
 {{- end }}
 {{- range $name, $tree := $v.config.scorers }}
 {{- if eq (include "toolwitness.validateScorerTree" (list (printf "config.scorers.%s" $name) $tree)) "float" }}
