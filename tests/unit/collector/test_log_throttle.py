@@ -92,3 +92,34 @@ async def test_the_service_logs_one_dead_letter_line_per_reason_not_one_per_reco
     lines = [r.getMessage() for r in caplog.records if r.name == "toolwitness.checkpoint"]
     assert len(lines) == 2, lines
     assert {line.split("to DLQ: ")[1].split(" ")[0] for line in lines} == {"unknown_scorer", "undecodable_protobuf"}
+
+
+async def test_the_service_logs_failed_deliveries_once_per_outage_interval(caplog: pytest.LogCaptureFixture) -> None:
+    """A topic that refuses records fails every re-send (the sweeper's, every ~2 s): the exporter's
+    ERROR comes once per interval with the count held back, not once per re-send."""
+    import asyncio
+
+    from collector.config import KafkaConfig, ServiceConfig
+    from collector.exporters.kafka import ExportError, KafkaExporter
+    from collector.pipeline.service import ToolwitnessService
+
+    service = ToolwitnessService(ServiceConfig(), owns_process=True)
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)]
+    before = {lg: list(lg.filters) for lg in loggers}  # throttle_logs installs process-wide
+    exporter = KafkaExporter(KafkaConfig())  # not started: flush reads the futures alone
+    try:
+        service.throttle_logs()
+        with caplog.at_level(logging.WARNING, logger="toolwitness.exporter.kafka"):
+            for _ in range(20):
+                refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                refused.set_exception(RuntimeError("MessageSizeTooLargeError"))
+                exporter._pending = [refused]
+                with pytest.raises(ExportError):
+                    await exporter.flush()
+    finally:
+        for lg, filters in before.items():
+            lg.filters[:] = filters
+        await service.redis.aclose()
+    lines = [r.getMessage() for r in caplog.records if r.name == "toolwitness.exporter.kafka"]
+    assert len(lines) == 1, lines
+    assert "1 of 1 deliveries failed" in lines[0]
