@@ -13,17 +13,20 @@ servers here instead. This project's machines have no Docker engine, so that is 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
+
+from collector.telemetry.logs import RepeatThrottle
 
 # The endpoints scripts/services.py starts: its defaults, or its port overrides when set.
 DEFAULT_KAFKA_BOOTSTRAP = f"127.0.0.1:{os.environ.get('TOOLWITNESS_SERVICES_KAFKA_PORT') or 19092}"
@@ -33,6 +36,21 @@ START_HINT = (
     "TOOLWITNESS_REDIS_URL at running servers"
 )
 CONNECT_TIMEOUT_S = 10.0
+
+
+def _loggers() -> list[logging.Logger]:
+    return [lg for lg in list(logging.root.manager.loggerDict.values()) if isinstance(lg, logging.Logger)]
+
+
+@pytest.fixture(autouse=True)
+def _log_throttles_stay_with_their_test() -> Iterator[None]:
+    """A service that owns its process (the benches, the demo, ``owns_process=True``) throttles
+    process-wide loggers; taken off after the test, or a later test that counts log lines would
+    find the first of them held back (one per kind per interval, the interval still running)."""
+    before = {id(f) for lg in _loggers() for f in lg.filters if isinstance(f, RepeatThrottle)}
+    yield
+    for lg in _loggers():
+        lg.filters[:] = [f for f in lg.filters if not isinstance(f, RepeatThrottle) or id(f) in before]
 TOPIC_READY_TIMEOUT_S = 30.0
 
 
