@@ -486,22 +486,6 @@ def _tie_groups(executions: Sequence[ToolExecution]) -> tuple[list[list[str]], l
     return groups, floating
 
 
-def _in_every_order(want: Sequence[str], groups: Sequence[Sequence[str]]) -> bool:
-    """``want`` is a subsequence of every order the groups allow. Leftmost matching against the
-    worst order of each group: within a group only a run of one name is certain (another name may
-    always come first), as many of it as the group holds. More executions never undo it."""
-    i = 0
-    for g in groups:
-        if i == len(want):
-            break
-        name = want[i]
-        run = 1
-        while i + run < len(want) and want[i + run] == name:
-            run += 1
-        i += min(run, g.count(name))
-    return i == len(want)
-
-
 def _in_some_order(want: Sequence[str], groups: Sequence[Sequence[str]]) -> bool:
     """``want`` is a subsequence of some order the groups allow (each group matching as much of
     the rest of ``want`` as its names can, in the best order)."""
@@ -512,23 +496,6 @@ def _in_some_order(want: Sequence[str], groups: Sequence[Sequence[str]]) -> bool
             left[want[i]] -= 1
             i += 1
     return i == len(want)
-
-
-def _fits_in_some_order(groups: Sequence[Sequence[str]], want: Sequence[str]) -> bool:
-    """Some order the groups allow is a subsequence of ``want`` (each group's names placed as early
-    in ``want`` as they fit)."""
-    j = 0
-    for g in groups:
-        need = Counter(g)
-        remaining = len(g)
-        while remaining:
-            if j == len(want):
-                return False
-            if need[want[j]] > 0:
-                need[want[j]] -= 1
-                remaining -= 1
-            j += 1
-    return True
 
 
 def _equal_in_some_order(groups: Sequence[Sequence[str]], want: Sequence[str]) -> bool:
@@ -554,9 +521,10 @@ def _call_window(e: ToolExecution, complete: bool) -> Window:
 
 def _surely_in_order(want: Sequence[str], windows: Sequence[Window]) -> bool:
     """``want`` is a subsequence of every order the windows allow: each run of one name in ``want``
-    matched by calls that all start before every call matching the next run can start. Greedy:
-    the calls of a run that can start earliest leave the most room to the rest. More executions,
-    and narrower windows, never undo it."""
+    matched by calls that all start before every call matching the next run can start (calls that
+    started at one instant may have run in either order; within a run their order does not matter).
+    Greedy: the calls of a run that can start earliest leave the most room to the rest. More
+    executions, and narrower windows, never undo it."""
     after = float("-inf")
     i = 0
     while i < len(want):
@@ -597,12 +565,14 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
         if ev.complete:
             return Judgment(F, f"missing {sorted(missing.elements())}")
         return Judgment(U, f"missing {sorted(missing.elements())} so far: {_why_open(ev)}")
-    if not ev.complete and any(e.call_id and e.start_time_unix_nano > 0 for e in executions):
-        return _judge_open_sequence(c, ev, executions)
     groups, floating = _tie_groups(executions)
+    # Proving and refuting an order read each call's window (a point but for a call that may still
+    # move: see ``_call_window``); the groups of start-time ties tell UNDETERMINED from FALSE on
+    # complete evidence, where every window is a point.
+    windows = [_call_window(e, ev.complete) for e in executions if e.start_time_unix_nano > 0]
     tie = " (start-time ties: their order is not known)" if any(len(g) > 1 for g in groups) else ""
     if c.mode == "subsequence":
-        if _in_every_order(want, groups):  # executions without a start time cannot undo it
+        if _surely_in_order(want, windows):  # executions without a start time cannot undo it
             return Judgment(T, f"{want} ran in order{tie}")
         if floating:
             missing = Counter(want) - Counter(seen)
@@ -622,7 +592,7 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
         if missing and ev.complete:
             return Judgment(F, f"missing {sorted(missing.elements())}")
         return Judgment(U, f"the order of {seen} is not known ({len(floating)} without a start time)")
-    if not _fits_in_some_order(groups, want):
+    if not _fits_some_window_order(windows, want):
         return Judgment(F, f"executions {seen} cannot become exactly {want}{tie}")
     if ev.complete:
         if not _equal_in_some_order(groups, want):
@@ -630,30 +600,6 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
         if all(len(set(g)) == 1 for g in groups):  # one order only
             return Judgment(T, f"executions {seen} vs exactly {want}")
         return Judgment(U, f"executions {seen} are exactly {want} in some of the orders the start times allow{tie}")
-    return Judgment(U, f"executions {seen} so far: {_why_open(ev)}")
-
-
-def _judge_open_sequence(c: ToolSequence, ev: Evidence, executions: Sequence[ToolExecution]) -> Judgment:
-    """``judge_sequence`` on incomplete coverage when a call may still move (see ``_call_window``):
-    an order is proven only between calls whose windows do not overlap, and refuted only when no
-    placement within the windows fits. The same verdicts as ``_tie_groups`` gives on points."""
-    want = list(c.tools)
-    seen = [e.name for e in executions]
-    windows = [_call_window(e, False) for e in executions if e.start_time_unix_nano > 0]
-    floating = len(executions) - len(windows)
-    if c.mode == "subsequence":
-        if _surely_in_order(want, windows):  # executions without a start time cannot undo it
-            return Judgment(T, f"{want} ran in order")
-        return Judgment(
-            U,
-            f"{want} not yet proven in order (saw {seen}; a call that overlaps another may still turn out "
-            f"to have started later, when another record of it arrives): {_why_open(ev)}",
-        )
-    if floating:
-        if Counter(seen) - Counter(want):
-            return Judgment(F, f"executions {seen} cannot become exactly {want}")
-    elif not _fits_some_window_order(windows, want):
-        return Judgment(F, f"executions {seen} cannot become exactly {want}")
     return Judgment(U, f"executions {seen} so far: {_why_open(ev)}")
 
 
