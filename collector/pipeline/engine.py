@@ -17,7 +17,7 @@ from collector.config import ServiceConfig
 from collector.exporters.kafka import KafkaExporter
 from collector.processors.decide import Decider, Outcome, completion_due
 from collector.processors.trace_state import SESSION_WAIT, DecideRequest, TraceState, TraceStateStore
-from collector.telemetry.metrics import DECISIONS, OVERSIZED, RESENT, REVISIONS, TIME_TO_VERDICT
+from collector.telemetry.metrics import DECISIONS, OVERSIZED, RESENT, REVISIONS, TIME_TO_VERDICT, Trigger
 from collector.wire.convert import RegisteredExpectation, decode_observation, encode
 from scoring.models import SessionScorable, Verdict
 
@@ -30,12 +30,12 @@ Key = tuple[str, str]  # (tenant, expectation id)
 class Work:
     """What one batch (or sweep) asks the engine to evaluate."""
 
-    pending: dict[Key, str] = field(default_factory=dict)  # key -> trigger
+    pending: dict[Key, Trigger] = field(default_factory=dict)
     revisions: set[Key] = field(default_factory=set)
     final: set[Key] = field(default_factory=set)
     states: dict[tuple[str, str], TraceState | None] = field(default_factory=dict)
 
-    def add(self, tenant: str, ids: Iterable[str], trigger: str) -> None:
+    def add(self, tenant: str, ids: Iterable[str], trigger: Trigger) -> None:
         for i in ids:
             self.pending.setdefault((tenant, i), trigger)
 

@@ -154,6 +154,9 @@ def tenant_series(counts: Mapping[str, int]) -> dict[str, int]:
 
 class ToolwitnessService:
     name = "service"
+    #: the loops whose Redis / Kafka failures are counted (``toolwitness_dependency_failures_total{loop}``)
+    #: and reported by ``/readyz``; ``deliveries`` is what any loop failed to deliver to Kafka
+    LOOPS = ("batch", "watermarks", "sweep", "kafka", "deliveries")
 
     def __init__(self, cfg: ServiceConfig, *, owns_process: bool = False) -> None:
         """``owns_process``: the service is what this process is for (``toolwitness run``, the
@@ -179,7 +182,7 @@ class ToolwitnessService:
         self.sweep_retry = RetryPolicy(base_s=cfg.completion.sweep_interval_ms / 1000)
         #: the poll loop's batches, its watermark publishing, the sweeper, the brokers' answers, and the
         #: deliveries of what the batches and the sweeper publish (``_outage``)
-        self.outages = {name: Outage(name) for name in ("batch", "watermarks", "sweep", "kafka", "deliveries")}
+        self.outages = {name: Outage(name) for name in self.LOOPS}
         self._stopping = asyncio.Event()
         self._started = False
         self._last_loop = time.monotonic()

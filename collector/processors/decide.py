@@ -19,6 +19,7 @@ from functools import lru_cache
 from collector.config import CompletionConfig, ScorerTreeConfig, ServiceConfig
 from collector.processors.normalize import unpack_execution
 from collector.processors.trace_state import TraceState
+from collector.telemetry.metrics import Trigger
 from collector.wire.convert import (
     RegisteredExpectation,
     Scope,
@@ -196,7 +197,7 @@ class Outcome:
     score_id: str
     event: score_pb2.ScoreEvent
     observation: score_pb2.Observation
-    trigger: str
+    trigger: Trigger
     #: the verdict rests on the completion claim (complete coverage was needed for it), so a span
     #: that breaks the claim may change it: the expectation keeps watching its traces. A verdict
     #: evidence alone proves (presence) never changes; UNDETERMINED at the deadline is final.
@@ -363,7 +364,7 @@ class Decider:
         meta: dict[str, str],
         *,
         version: int,
-        trigger: str,
+        trigger: Trigger,
         now: datetime,
         revisable: bool = False,
         traces_seen: int = 0,

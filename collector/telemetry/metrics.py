@@ -6,6 +6,8 @@ stage that records it. Count every drop.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -59,9 +61,12 @@ TRACES_IN_STATE = Gauge(
     ["component", "tenant"],
     registry=REGISTRY,
 )
+#: what made an expectation decidable: the ``trigger`` label of ``toolwitness_decisions_total``
+Trigger = Literal["span", "expectation", "marker", "watermark", "deadline", "revision"]
+DECISION_TRIGGERS: tuple[Trigger, ...] = get_args(Trigger)
 DECISIONS = Counter(
     "toolwitness_decisions",
-    "Score events decided, by verdict and trigger.",
+    "Score events decided, by verdict (true, false, undetermined) and trigger (" + ", ".join(DECISION_TRIGGERS) + ").",
     ["component", "verdict", "trigger"],
     registry=REGISTRY,
 )
