@@ -416,7 +416,8 @@ def scores_by_id(records: Sequence[ConsumerRecord[bytes, bytes]]) -> dict[str, l
 def header(rec: ConsumerRecord[bytes, bytes], name: str) -> str | None:
     for k, v in rec.headers or ():
         if k == name:
-            return v.decode("utf-8", "replace")
+            text: str = bytes(v).decode("utf-8", "replace")  # aiokafka types header values as Any
+            return text
     return None
 
 

@@ -27,11 +27,7 @@ end
 local at = tonumber(ARGV[3])
 if st.ma < 0 or at < st.ma then st.ma = at end
 local encoded = dump_state(st)
-if raw then
-  redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
-else
-  redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
-end
+redis.call('SET', KEYS[1], encoded, 'PX', ARGV[1])
 local dec = {}
 local late_sessions = {}
 if st.l == 1 and not was_late then dec = keys_of(st.de); late_sessions = keys_of(st.ss) end

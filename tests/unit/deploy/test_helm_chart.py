@@ -390,6 +390,22 @@ def test_the_sidecar_drains_before_it_stops_within_the_grace_period(helm: Helm) 
     assert negative.returncode != 0 and "/sidecar/shutdownDelaySeconds" in negative.stderr
 
 
+def test_the_sidecar_may_have_its_own_grace_period(helm: Helm) -> None:
+    """The scorer finishes its batch and leaves the group; the sidecar drains and flushes: each
+    pod gets the grace period its own shutdown needs, and the sidecar's is checked against its drain."""
+    docs = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.shutdownDelaySeconds=12",
+                                  "sidecar.terminationGracePeriodSeconds=48", "terminationGracePeriodSeconds=30"])
+    assert one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 48
+    assert one(docs, "Deployment", RELEASE)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+    short = helm.template(sets=["sidecar.enabled=true", "sidecar.shutdownDelaySeconds=12",
+                                "sidecar.terminationGracePeriodSeconds=47", "terminationGracePeriodSeconds=600"])
+    assert short.returncode != 0
+    assert "sidecar.terminationGracePeriodSeconds 47 is too short for the sidecar" in short.stderr
+    assert "Raise sidecar.terminationGracePeriodSeconds above 47" in short.stderr
+    zero = helm.template(sets=["sidecar.enabled=true", "sidecar.terminationGracePeriodSeconds=0"])
+    assert zero.returncode != 0 and "/sidecar/terminationGracePeriodSeconds" in zero.stderr
+
+
 def test_the_control_plane_may_read_the_verdicts_it_waits_for(rendered: dict[str, list[dict[str, Any]]]) -> None:
     entries = acl_entries(rendered["default"])
     reads = {e["name"] for e in entries if e["principal"] == "User:toolwitness-control-plane"

@@ -21,6 +21,15 @@ on with the service lives here, once.
 {{- end }}
 {{- end }}
 
+{{/* terminationGracePeriodSeconds of the sidecar pods: their own, else the scorer's. */}}
+{{- define "toolwitness.sidecarGracePeriod" -}}
+{{- if kindIs "invalid" .Values.sidecar.terminationGracePeriodSeconds }}
+{{- int .Values.terminationGracePeriodSeconds }}
+{{- else }}
+{{- int .Values.sidecar.terminationGracePeriodSeconds }}
+{{- end }}
+{{- end }}
+
 {{/* Name of the sidecar's resources. */}}
 {{- define "toolwitness.sidecarName" -}}
 {{- printf "%s-sidecar" (include "toolwitness.fullname" . | trunc 55 | trimSuffix "-") }}
@@ -628,8 +637,10 @@ Fail-fast checks of combinations the schema cannot express. Included by the Conf
 {{- /* The sidecar's shutdown (collector/receivers/otlp_grpc.py run_sidecar): its drain, then up to
 5 s for in-flight Export calls, then up to config.kafka.request_timeout_ms to stop its Kafka producer. */}}
 {{- $stop := add 5 (div (add (int64 $v.config.kafka.request_timeout_ms) 999) 1000) }}
-{{- if and .enabled (le (int64 $v.terminationGracePeriodSeconds) (add (int64 .shutdownDelaySeconds) $stop)) }}
-{{- fail (printf "terminationGracePeriodSeconds %d is too short for the sidecar: after SIGTERM it drains for sidecar.shutdownDelaySeconds (%d s), then takes up to %d s to stop (5 s for in-flight Export calls, then config.kafka.request_timeout_ms to stop its Kafka producer); killed earlier, the Export calls then in flight fail and agents must retry them. Raise terminationGracePeriodSeconds above %d, or shorten sidecar.shutdownDelaySeconds" (int $v.terminationGracePeriodSeconds) (int .shutdownDelaySeconds) (int $stop) (int (add (int64 .shutdownDelaySeconds) $stop))) }}
+{{- $grace := include "toolwitness.sidecarGracePeriod" $ | int64 }}
+{{- $graceKey := ternary "terminationGracePeriodSeconds" "sidecar.terminationGracePeriodSeconds" (kindIs "invalid" .terminationGracePeriodSeconds) }}
+{{- if and .enabled (le $grace (add (int64 .shutdownDelaySeconds) $stop)) }}
+{{- fail (printf "%s %d is too short for the sidecar: after SIGTERM it drains for sidecar.shutdownDelaySeconds (%d s), then takes up to %d s to stop (5 s for in-flight Export calls, then config.kafka.request_timeout_ms to stop its Kafka producer); killed earlier, the Export calls then in flight fail and agents must retry them. Raise %s above %d, or shorten sidecar.shutdownDelaySeconds" $graceKey (int $grace) (int .shutdownDelaySeconds) (int $stop) $graceKey (int (add (int64 .shutdownDelaySeconds) $stop))) }}
 {{- end }}
 {{- end }}
 {{- range $name, $tree := $v.config.scorers }}
