@@ -395,8 +395,10 @@ def test_the_sidecar_may_have_its_own_grace_period(helm: Helm) -> None:
     pod gets the grace period its own shutdown needs, and the sidecar's is checked against its drain."""
     docs = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.shutdownDelaySeconds=12",
                                   "sidecar.terminationGracePeriodSeconds=48", "terminationGracePeriodSeconds=30"])
-    assert one(docs, "Deployment", f"{RELEASE}-sidecar")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 48
-    assert one(docs, "Deployment", RELEASE)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+    def grace(name: str) -> int:
+        return int(one(docs, "Deployment", name)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+
+    assert (grace(f"{RELEASE}-sidecar"), grace(RELEASE)) == (48, 30)
     short = helm.template(sets=["sidecar.enabled=true", "sidecar.shutdownDelaySeconds=12",
                                 "sidecar.terminationGracePeriodSeconds=47", "terminationGracePeriodSeconds=600"])
     assert short.returncode != 0

@@ -9,21 +9,14 @@ histograms), their label names, and the label values the code writes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import promql_parser
 import pytest
-from prometheus_client.metrics import MetricWrapperBase
 
-from collector.pipeline.service import ToolwitnessService
-from collector.receivers import otlp_grpc
-from collector.telemetry import metrics
-from scoring.models.status import Verdict
 from tests.unit.deploy.helpers import NAMESPACE, RELEASE, Helm
+from tests.unit.deploy.promql import KNOWN_VALUES, TARGET_LABELS, exposed_series, nodes
 
-#: labels Prometheus adds to every series it scrapes through a ServiceMonitor
-TARGET_LABELS = {"namespace", "job", "pod", "instance", "service", "container", "endpoint"}
 ALERTS = {
     "ToolwitnessScoresNotDelivered",
     "ToolwitnessDependencyFailing",
@@ -38,56 +31,11 @@ ALERTS = {
 FULLNAME = f"{RELEASE}"  # the release is named like the chart: fullname is the release name
 
 
-@dataclass(frozen=True)
-class Exposed:
-    """A series name as scraped, with the label names the metric declares."""
-
-    labels: frozenset[str]
-
-
-def exposed_series() -> dict[str, Exposed]:
-    out: dict[str, Exposed] = {}
-    for value in vars(metrics).values():
-        if not isinstance(value, MetricWrapperBase):
-            continue
-        name, kind = value._name, value._type  # the declared name (without _total) and kind
-        labels = frozenset(value._labelnames)
-        if kind == "counter":
-            out[f"{name}_total"] = Exposed(labels)
-        elif kind == "histogram":
-            for suffix in ("_bucket", "_sum", "_count"):
-                out[name + suffix] = Exposed(labels | ({"le"} if suffix == "_bucket" else set()))
-        else:
-            out[name] = Exposed(labels)
-    return out
-
-
-#: the values the code writes for the labels alerts match on
-KNOWN_VALUES: dict[str, set[str]] = {
-    "loop": set(ToolwitnessService.LOOPS),
-    "verdict": {v.value for v in Verdict},
-    "trigger": set(metrics.DECISION_TRIGGERS),
-    "component": {otlp_grpc.COMPONENT},
-}
-
-
 def rules_of(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     (group,) = rule["spec"]["groups"]
     rules: list[dict[str, Any]] = group["rules"]
     return rules
-
-
-def nodes(expr: Any) -> list[Any]:
-    """Every node of an expression (text or a parsed node), depth first."""
-    found: list[Any] = []
-
-    def pre(node: Any) -> bool:
-        found.append(node)
-        return True
-
-    promql_parser.walk(promql_parser.parse(expr) if isinstance(expr, str) else expr, pre, None)
-    return found
 
 
 def test_no_rule_unless_enabled(helm: Helm) -> None:
