@@ -183,6 +183,8 @@ class ToolwitnessService:
         #: the poll loop's batches, its watermark publishing, the sweeper, the brokers' answers, and the
         #: deliveries of what the batches and the sweeper publish (``_outage``)
         self.outages = {name: Outage(name) for name in self.LOOPS}
+        #: the last batch failed to deliver (its retry is the delivery still owed)
+        self._batch_undelivered = False
         self._stopping = asyncio.Event()
         self._started = False
         self._last_loop = time.monotonic()
@@ -343,6 +345,7 @@ class ToolwitnessService:
                 try:
                     result = await self.checkpoint.process(batch)
                 except RETRIABLE as exc:
+                    self._batch_undelivered = isinstance(exc, ExportError)
                     delay = self.retry.next_delay()
                     self._outage(exc, "batch").failed(exc, f"batch not committed; retrying from its first offset in "
                                                            f"{delay:.1f}s")
@@ -357,6 +360,7 @@ class ToolwitnessService:
                         await asyncio.wait_for(self._stopping.wait(), timeout=delay)
                     continue
                 self.retry.reset()
+                self._batch_undelivered = False
                 self.outages["batch"].ok()
                 if result.published or result.dead_letters:
                     self.outages["deliveries"].ok()
@@ -452,7 +456,7 @@ class ToolwitnessService:
         while not self._stopping.is_set():
             wait = interval
             try:
-                if await self.sweep():
+                if await self.sweep() or await self._nothing_left_to_deliver():
                     self.outages["deliveries"].ok()
                 await self.refresh_traces_gauge()
             except RETRIABLE as exc:
@@ -465,6 +469,15 @@ class ToolwitnessService:
                 outage.ok()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=wait)
+
+    async def _nothing_left_to_deliver(self) -> bool:
+        """The deliveries outage is open, and what failed is no longer owed: no batch is being
+        retried for a failed delivery, and no decision waits to be published (another instance
+        published it, or it was dropped: cancelled, expired). Else the outage stayed open, and
+        /readyz 503, until some later decision was delivered: for good on a quiet pipeline."""
+        if self.outages["deliveries"].since is None or self._batch_undelivered:
+            return False
+        return await self.store.undelivered() == 0
 
     async def sweep(self) -> int:
         """Finalize deadlines, watermark completions, and re-send decided-but-unpublished scores.

@@ -997,6 +997,10 @@ class TraceStateStore:
         if items:
             await self._release(keys=[zset], args=[lease_until, score, *(member(t, i) for t, i in items)])
 
+    async def undelivered(self) -> int:
+        """Decisions noted unpublished (by any instance) and not yet marked published."""
+        return int(await self.redis.zcard(self.k.unpublished))
+
     async def claim_due(self, zset: str, upto: int, limit: int = 500, *, lease_until: int) -> list[tuple[str, str]]:
         """Claim members due by ``upto``: one atomic script moves each one's score to ``lease_until``,
         so exactly one claimer gets it. Once handled, ``release`` them (or ``unclaim`` on failure);

@@ -24,7 +24,9 @@ from aiokafka import AIOKafkaProducer, ConsumerRecord
 
 from collector.admin import NOT_READY_AFTER_S
 from collector.config import ServiceConfig
+from collector.pipeline import service as service_module
 from collector.pipeline.service import OUTAGE_LOG_EVERY_S
+from collector.processors.trace_state import Keys
 from collector.wire.convert import decode_score_event
 from tests.integration.harness import (
     BROKER_RECORD_LIMIT,
@@ -200,3 +202,38 @@ async def test_readiness_is_lost_while_deliveries_keep_failing_and_comes_back_on
         (recovered,) = recoveries(restored)
     assert recovered.startswith("deliveries recovered after "), recovered
     await assert_once_each(cfg, {**warm.verdicts(), **group.verdicts()})
+
+
+async def test_readiness_comes_back_once_nothing_failed_is_still_owed(
+    kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Decisions whose delivery failed, then dropped before any re-send got through (their records
+    # expired; a cancel or another instance publishing them does the same): nothing is owed any more.
+    # Measured on the old code: only a delivery that succeeds closed the deliveries outage, so with
+    # nothing else to deliver /readyz stayed 503 for good (15 s here, and on).
+    monkeypatch.setattr(service_module, "NOT_READY_AFTER_S", 1.0)
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t = cfg.kafka.topics
+    await create_topic(kafka_bootstrap, t.scores, 1, {})
+    await create_topic(kafka_bootstrap, t.observations, 1, {"cleanup.policy": "compact"})
+    warm = TraceGroup.build("warm", 1, int(time.time() * 1000))
+    group = TraceGroup.build("g", 1, int(time.time() * 1000))
+    async with running_service(cfg) as service, raw_producer(cfg) as producer:
+        await send_group(producer, cfg, warm)
+        await read_until(kafka_bootstrap, t.scores, lambda rs: len(records(rs)) >= 2, timeout=30)
+        assert service.ready()
+        await set_record_limit(kafka_bootstrap, t.scores, 200)  # below a score (~430 B)
+        await send_group(producer, cfg, group)
+        with fail_on_timeout(lambda: "still ready while every score of the group was refused"):
+            await until(lambda: not service.ready(), timeout=30, interval=0.1)
+        keys = Keys(cfg.redis.key_prefix)
+        assert await service.store.undelivered() == len(group.verdicts())
+        await service.redis.delete(*[keys.decision("default", e) for e in group.verdicts()])
+        with fail_on_timeout(lambda: "not ready again with nothing left to deliver"):
+            await until(service.ready, timeout=15, interval=0.1)
+        assert await service.store.undelivered() == 0
+        # ... and a failure after it opens the outage again
+        again = TraceGroup.build("again", 1, int(time.time() * 1000))
+        await send_group(producer, cfg, again)
+        with fail_on_timeout(lambda: "still ready while the next scores were refused"):
+            await until(lambda: not service.ready(), timeout=30, interval=0.1)
