@@ -242,6 +242,85 @@ def demo() -> None:
     raise typer.Exit(rc)
 
 
+FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="keep reading new records until interrupted")]
+NewOpt = Annotated[bool, typer.Option("--new", help="only records written from now on (else from the start)")]
+LimitOpt = Annotated[int, typer.Option(help="stop after this many records (0: no limit)", min=0)]
+JsonLinesOpt = Annotated[bool, typer.Option("--json", help="one JSON object per line instead of a table")]
+
+
+def _tail(what: str, config: Path | None, run: Any) -> None:
+    """Load the config (its kafka section: brokers, security, topic names), run ``run(kafka)``,
+    and turn a missing topic, a config error or Ctrl-C into one line and an exit code."""
+    from aiokafka.errors import KafkaError
+
+    from collector.config import ConfigError, load_config
+    from collector.tail import TailError
+
+    try:
+        cfg = load_config(config)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"toolwitness: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        asyncio.run(run(cfg.kafka))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+    except (TailError, KafkaError, OSError) as exc:
+        typer.echo(f"toolwitness {what}: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def scores(
+    config: ConfigOpt = None,
+    expectation: Annotated[
+        list[str] | None, typer.Option("--expectation", "-e", help="only this expectation id (repeatable)")
+    ] = None,
+    tenant: Annotated[str | None, typer.Option(help="only this tenant's scores")] = None,
+    resends: Annotated[bool, typer.Option("--resends", help="also the identical re-sends of a score_id")] = False,
+    follow: FollowOpt = False,
+    new: NewOpt = False,
+    limit: LimitOpt = 0,
+    json_out: JsonLinesOpt = False,
+) -> None:
+    """Print the score events on the scores topic, decoded (protobuf or JSON)."""
+    from collector.tail import Tail, show_scores
+
+    tail = Tail(from_beginning=not new, follow=follow, limit=limit)
+    _tail("scores", config, lambda k: show_scores(
+        k, tail, expectations=set(expectation or ()), tenant=tenant, resends=resends, json_out=json_out))
+
+
+@app.command()
+def observation(
+    observation_id: Annotated[str, typer.Argument(help="the id a score event names (observation_ids)")],
+    config: ConfigOpt = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for it to appear", min=0.1)] = 15.0,
+    json_out: JsonLinesOpt = False,
+) -> None:
+    """Print one observation (the evidence a score cites) from the observations topic, its
+    content checked against its id."""
+    from collector.tail import show_observation
+
+    _tail("observation", config, lambda k: show_observation(k, observation_id, timeout_s=timeout, json_out=json_out))
+
+
+@app.command()
+def dlq(
+    config: ConfigOpt = None,
+    reason: Annotated[str | None, typer.Option(help="only dead letters with this reason")] = None,
+    follow: FollowOpt = False,
+    new: NewOpt = False,
+    limit: LimitOpt = 0,
+    json_out: JsonLinesOpt = False,
+) -> None:
+    """Print the dead letters on the DLQ topic: the source record, the reason and its detail."""
+    from collector.tail import Tail, show_dead_letters
+
+    tail = Tail(from_beginning=not new, follow=follow, limit=limit)
+    _tail("dlq", config, lambda k: show_dead_letters(k, tail, reason=reason, json_out=json_out))
+
+
 @bench_app.command("scoring")
 def bench_scoring(iterations: Annotated[int, typer.Option()] = 20000) -> None:
     """Verdicts/s of the pure scoring core (10-tool trace, 5-leaf tree)."""

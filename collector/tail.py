@@ -1,0 +1,279 @@
+"""The output topics, read from a shell: ``toolwitness scores``, ``observation`` and ``dlq``.
+
+Scores and observations are protobuf by default, which a console consumer prints as bytes.
+These commands decode each record (protobuf or JSON, whichever it is) and print one table row
+per record, or with ``--json`` one JSON object per line (the protobuf JSON mapping
+``kafka.output_format: json`` writes) for ``jq``. They read with no consumer group (nothing is
+committed, the service's group is not touched): from the start of every partition, up to the
+end offsets seen when they start, unless ``--follow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from rich.console import Console
+from rich.table import Table
+
+from collector.client import ToolwitnessClient, kafka_security_kwargs, topic_partitions
+from collector.config import KafkaConfig
+from collector.wire.convert import decode_score_event, encode, observation_to_proto
+from collector.wire.gen import common_pb2, score_pb2
+
+#: what a dead letter's headers say (collector.exporters.kafka.KafkaExporter.send_dead_letter)
+DLQ_HEADERS = {
+    "reason": "toolwitness-dlq-reason",
+    "detail": "toolwitness-dlq-detail",
+    "source": "toolwitness-dlq-source",
+    "truncated_from": "toolwitness-dlq-truncated-from",
+    "tenant": "toolwitness-tenant",
+}
+
+
+class TailError(RuntimeError):
+    """The topic cannot be read as asked (it does not exist, the brokers do not answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """Which records: from the start of each partition (else only new ones), up to the end
+    offsets seen at the start unless ``follow``, at most ``limit`` of them (0: no limit)."""
+
+    from_beginning: bool = True
+    follow: bool = False
+    limit: int = 0
+    #: how long to wait for the brokers and for the topic's metadata
+    timeout_s: float = 15.0
+
+
+async def records(k: KafkaConfig, topic: str, tail: Tail) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+    """The records of ``topic`` as ``tail`` says, partition by partition as fetched."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=k.bootstrap_servers,
+        client_id=f"{k.client_id}-tail",
+        group_id=None,
+        enable_auto_commit=False,
+        request_timeout_ms=max(1000, int(tail.timeout_s * 1000)),
+        max_partition_fetch_bytes=max(1048576, k.max_record_bytes + 65536),
+        **kafka_security_kwargs(k.security),
+    )
+    try:
+        try:
+            async with asyncio.timeout(tail.timeout_s):
+                await consumer.start()
+                parts = sorted(await topic_partitions(consumer, topic))
+        except TimeoutError:
+            raise TailError(f"Kafka at {k.bootstrap_servers} did not answer within {tail.timeout_s:.0f}s") from None
+        if not parts:
+            raise TailError(f"topic {topic} does not exist on {k.bootstrap_servers}")
+        tps = [TopicPartition(topic, p) for p in parts]
+        consumer.assign(tps)
+        if tail.from_beginning:
+            await consumer.seek_to_beginning(*tps)
+        else:
+            await consumer.seek_to_end(*tps)
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+        done: set[TopicPartition] = set()
+        n = 0
+        while True:
+            if not tail.follow:
+                done |= {tp for tp in tps if tp not in done and await consumer.position(tp) >= ends[tp]}
+                if len(done) == len(tps):
+                    return
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, recs in batch.items():
+                for rec in recs:
+                    if not tail.follow and rec.offset >= ends[tp]:
+                        continue  # written after the start: the next run shows it
+                    yield rec
+                    n += 1
+                    if tail.limit and n >= tail.limit:
+                        return
+    finally:
+        await consumer.stop()
+
+
+# -- scores ----------------------------------------------------------------------------------------
+
+
+def status_name(status: int) -> str:
+    return common_pb2.ScoreStatus.Name(status).removeprefix("SCORE_STATUS_")  # type: ignore[arg-type]
+
+
+def coverage_text(c: common_pb2.Coverage) -> str:
+    if c.complete:
+        source = common_pb2.CompletionSource.Name(c.source).removeprefix("COMPLETION_SOURCE_").lower()
+        return f"complete ({source})"
+    return ", ".join(c.reasons) or "incomplete"
+
+
+def score_json(ev: score_pb2.ScoreEvent) -> str:
+    return encode(ev, "json").decode()
+
+
+async def show_scores(
+    k: KafkaConfig,
+    tail: Tail,
+    *,
+    expectations: Collection[str] = (),
+    tenant: str | None = None,
+    resends: bool = False,
+    json_out: bool = False,
+    out: Console | None = None,
+) -> int:
+    """Print the score events of the scores topic (one per ``score_id`` unless ``resends``: a
+    re-send after a crash is byte-identical); return how many were printed."""
+    console = out or Console()
+    seen: set[str] = set()
+    rows: list[score_pb2.ScoreEvent] = []
+    printed = 0
+    emit: Callable[[score_pb2.ScoreEvent], None]
+    if json_out:
+        def emit(ev: score_pb2.ScoreEvent) -> None:
+            console.print(score_json(ev), markup=False, highlight=False, soft_wrap=True)
+    else:
+        def emit(ev: score_pb2.ScoreEvent) -> None:
+            rows.append(ev)
+    async for rec in records(k, k.topics.scores, tail):
+        try:
+            ev = decode_score_event(rec.value or b"")
+        except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError) as exc:
+            console.print(f"[yellow]{rec.topic}/{rec.partition}/{rec.offset}: not a score event ({exc})[/]")
+            continue
+        if expectations and ev.expectation_id not in expectations:
+            continue
+        if tenant is not None and ev.tenant != tenant:
+            continue
+        if not resends and ev.score_id in seen:
+            continue
+        seen.add(ev.score_id)
+        emit(ev)
+        printed += 1
+        if not json_out and tail.follow:  # a row as each one arrives
+            console.print(score_table(rows))
+            rows.clear()
+    if rows:
+        console.print(score_table(rows))
+    return printed
+
+
+def score_table(events: list[score_pb2.ScoreEvent]) -> Table:
+    table = Table(show_edge=False)
+    for col in ("decided at", "tenant", "expectation", "v", "verdict", "time to verdict", "coverage",
+                "observation", "rationale"):
+        table.add_column(col, overflow="fold")
+    for ev in events:
+        verdict = status_name(ev.status)
+        style = {"TRUE": "green", "FALSE": "red"}.get(verdict, "yellow")
+        table.add_row(
+            ev.decided_at.ToDatetime().isoformat(timespec="milliseconds") + "Z",
+            ev.tenant,
+            ev.expectation_id,
+            str(ev.version),
+            f"[{style}]{verdict}[/]",
+            f"{ev.time_to_verdict.ToTimedelta().total_seconds() * 1000:.1f} ms",
+            coverage_text(ev.coverage),
+            ", ".join(ev.observation_ids),  # whole: `toolwitness observation <id>` takes it
+            ev.rationale[:120],
+        )
+    return table
+
+
+# -- one observation -------------------------------------------------------------------------------
+
+
+async def show_observation(
+    k: KafkaConfig, observation_id: str, *, timeout_s: float = 15.0, json_out: bool = False, out: Console | None = None
+) -> None:
+    """Print an observation found on the observations topic (its content checked against its id)."""
+    console = out or Console()
+    client = ToolwitnessClient.from_kafka_config(k, timeout_s=timeout_s)
+    try:
+        obs = await client.get_observation(observation_id, timeout=timeout_s)
+    except TimeoutError:
+        raise TailError(
+            f"observation {observation_id} is not on topic {k.topics.observations} (waited {timeout_s:.0f}s)"
+        ) from None
+    proto = observation_to_proto(obs)
+    if json_out:
+        console.print(encode(proto, "json").decode(), markup=False, highlight=False, soft_wrap=True)
+        return
+    console.print(f"observation [bold]{obs.observation_id}[/] (content checked against its id)")
+    console.print(f"scope: {json.dumps(json_format.MessageToDict(proto.scope, preserving_proto_field_name=True))}")
+    console.print(f"coverage: {coverage_text(proto.coverage)}; acquisition: {obs.acquisition.value}; "
+                  f"captured at {obs.captured_at.isoformat()}; normalization {obs.normalization_version}")
+    table = Table(show_edge=False, title=f"{len(obs.tool_executions)} tool execution(s), in start order")
+    for col in ("start", "tool", "status", "call id", "trace / span", "arguments"):
+        table.add_column(col, overflow="fold")
+    for e in proto.tool_executions:
+        state = common_pb2.CaptureState.Name(e.arguments_state).removeprefix("CAPTURE_STATE_").lower()
+        table.add_row(
+            datetime.fromtimestamp(e.start_time_unix_nano / 1e9, UTC).isoformat(timespec="microseconds"),
+            e.name,
+            common_pb2.ExecutionStatus.Name(e.status).removeprefix("EXECUTION_STATUS_").lower(),
+            e.call_id,
+            f"{e.trace_id[:8]}…/{e.span_id}",
+            (e.arguments_json[:200] or "") + (f" ({state})" if state not in ("captured", "unspecified") else ""),
+        )
+    console.print(table)
+
+
+# -- dead letters ----------------------------------------------------------------------------------
+
+
+def dead_letter(rec: ConsumerRecord[bytes, bytes]) -> dict[str, Any]:
+    """What a dead letter says: its reason headers, the original record's key and value."""
+    headers = {k: v.decode("utf-8", "replace") for k, v in rec.headers or ()}
+    value = rec.value or b""
+    out: dict[str, Any] = {name: headers.get(header, "") for name, header in DLQ_HEADERS.items()}
+    out.update(
+        dlq=f"{rec.topic}/{rec.partition}/{rec.offset}",
+        timestamp_ms=rec.timestamp,
+        key=(rec.key or b"").decode("utf-8", "replace"),
+        bytes=len(value),
+        value_base64=base64.b64encode(value).decode(),
+    )
+    return out
+
+
+async def show_dead_letters(
+    k: KafkaConfig, tail: Tail, *, reason: str | None = None, json_out: bool = False, out: Console | None = None
+) -> int:
+    """Print the dead letters of the DLQ topic (``reason``: only those); return how many."""
+    console = out or Console()
+    rows: list[dict[str, Any]] = []
+    printed = 0
+    async for rec in records(k, k.topics.dlq, tail):
+        d = dead_letter(rec)
+        if reason is not None and d["reason"] != reason:
+            continue
+        printed += 1
+        if json_out:
+            console.print(json.dumps(d, sort_keys=True), markup=False, highlight=False, soft_wrap=True)
+            continue
+        rows.append(d)
+        if tail.follow:  # a row as each one arrives
+            console.print(dead_letter_table(rows))
+            rows.clear()
+    if rows:
+        console.print(dead_letter_table(rows))
+    return printed
+
+
+def dead_letter_table(letters: list[dict[str, Any]]) -> Table:
+    table = Table(show_edge=False)
+    for col in ("source record", "reason", "detail", "tenant", "key", "bytes"):
+        table.add_column(col, overflow="fold")
+    for d in letters:
+        size = f"{d['bytes']:,}" + (f" of {int(d['truncated_from']):,}" if d["truncated_from"] else "")
+        table.add_row(d["source"], d["reason"], d["detail"][:200], d["tenant"], d["key"], size)
+    return table
