@@ -19,7 +19,8 @@ from collector.processors.decide import Decider, Outcome, completion_due
 from collector.processors.trace_state import SESSION_WAIT, DecideRequest, TraceState, TraceStateStore
 from collector.telemetry.metrics import DECISIONS, OVERSIZED, RESENT, REVISIONS, TIME_TO_VERDICT, Trigger
 from collector.wire.convert import RegisteredExpectation, decode_observation, encode
-from scoring.models import SessionScorable, Verdict
+from collector.wire.gen import score_pb2
+from scoring.models import Observation, SessionScorable, ToolExecution, Verdict
 
 log = logging.getLogger("toolwitness.engine")
 
@@ -119,6 +120,11 @@ class Engine:
         outcomes: list[Outcome] = []
         #: what expectations left undecided wait for: (tenant, trace or session wait) -> event time
         waits: dict[tuple[str, str], int] = {}
+        #: the evidence of this evaluation, shared by the expectations on the same scope: each
+        #: trace's executions unpacked once, one observation per scope (one content id, one record)
+        executions: dict[tuple[str, str], list[ToolExecution]] = {}
+        observations: dict[tuple[object, ...], Observation] = {}
+        protos: dict[int, score_pb2.Observation] = {}
         lateness = self.cfg.completion.allowed_lateness_ms
         for k, exp in exps.items():
             final = k in work.final or now_ms >= exp.deadline_ms
@@ -132,19 +138,25 @@ class Engine:
                 # the marker was sent are linked to the session before absence is judged.
                 session_at, session_late = await self.store.session_state(exp.tenant, exp.scope.session_id)
                 session_complete = session_at is not None and watermark_ms >= session_at + lateness
-            obs = self.decider.observation_for(
-                exp,
-                traces[k],
-                work.states,
-                watermark_ms,
-                session_complete=session_complete,
-                session_late=session_late,
-                lost=exp.created_ms < self.lost_at_ms,
-                captured_at=now,
-            )
-            if not self.decider.fits(obs):  # judged on exactly what will be published
-                obs = self.decider.shrink(obs)
-                OVERSIZED.labels(self.name).inc()
+            lost = exp.created_ms < self.lost_at_ms
+            shared = (exp.tenant, exp.scope, tuple(traces[k]), session_complete, session_late, lost)
+            obs = observations.get(shared)
+            if obs is None:
+                obs = self.decider.observation_for(
+                    exp,
+                    traces[k],
+                    work.states,
+                    watermark_ms,
+                    session_complete=session_complete,
+                    session_late=session_late,
+                    lost=lost,
+                    captured_at=now,
+                    executions=executions,
+                )
+                if not self.decider.fits(obs):  # judged on exactly what will be published
+                    obs = self.decider.shrink(obs)
+                    OVERSIZED.labels(self.name).inc()
+                observations[shared] = obs
             verdict, rationale, meta = await self.decider.judge(exp, obs, final=final)
             if k in work.revisions:
                 prev = await self.store.get_decision(exp.tenant, exp.expectation_id)
@@ -152,7 +164,7 @@ class Engine:
                     continue
                 # this evaluation as a revision outcome of a given version
                 revision = functools.partial(
-                    self.decider.outcome, exp, obs, verdict, rationale, meta, trigger="revision", now=now
+                    self.decider.outcome, exp, obs, verdict, rationale, meta, trigger="revision", now=now, protos=protos
                 )
                 if verdict.value == prev.verdict:
                     if not prev.published and prev.version > 1:
@@ -192,7 +204,7 @@ class Engine:
             outcomes.append(
                 self.decider.outcome(
                     exp, obs, verdict, rationale, meta, version=1, trigger=trigger, now=now, revisable=revisable,
-                    traces_seen=seen,
+                    traces_seen=seen, protos=protos,
                 )
             )
         if waits:
@@ -210,6 +222,11 @@ class Engine:
         if not outcomes:
             return []
         now_ms = int(datetime.now(UTC).timestamp() * 1000)
+        #: an observation shared by several outcomes (one scope, one evaluation) is encoded once
+        observation_bytes: dict[int, bytes] = {}
+        for o in outcomes:
+            if id(o.observation) not in observation_bytes:
+                observation_bytes[id(o.observation)] = encode(o.observation, self.fmt)
         requests = [
             DecideRequest(
                 o.expectation.tenant,
@@ -217,7 +234,7 @@ class Engine:
                 o.version,
                 o.score_id,
                 encode(o.event, self.fmt),
-                encode(o.observation, self.fmt),
+                observation_bytes[id(o.observation)],
                 o.verdict.value,
             )
             for o in outcomes
@@ -293,6 +310,8 @@ class Engine:
                 contradicted.add((o.expectation.tenant, o.expectation.expectation_id))
         await self.note_contradicted(contradicted, now_ms)
         sent: list[Published] = []
+        #: observations written by this call: one record per content id is enough (same key, same bytes)
+        observations_sent: set[str] = set()
         for o, d in zip(outcomes, decisions, strict=True):
             exp = o.expectation
             if not d.won and (d.published or d.version > o.version):
@@ -303,7 +322,9 @@ class Engine:
                 # is published, so should that process die first, the sweeper re-sends it.
                 continue
             obs_id = o.observation.observation_id if d.won else decode_observation(d.observation).observation_id
-            await self.exporter.send_observation(obs_id, d.observation)
+            if obs_id not in observations_sent:
+                observations_sent.add(obs_id)
+                await self.exporter.send_observation(obs_id, d.observation)
             await self.exporter.send_score(exp.tenant, exp.expectation_id, d.event)
             sent.append(Published(exp.tenant, exp.expectation_id, resent=not d.won))
             if not d.won:

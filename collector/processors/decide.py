@@ -183,8 +183,17 @@ def scope_record_bytes(scope: Scope, fmt: str) -> int:
     return len(encode(score_pb2.Observation(scope=scope_to_proto(scope)), fmt))
 
 
-def executions_of(st: TraceState, trace_id: str) -> list[ToolExecution]:
-    return [unpack_execution(x, trace_id) for x in st.executions]
+def executions_of(
+    st: TraceState, trace_id: str, cache: dict[tuple[str, str], list[ToolExecution]] | None = None, tenant: str = ""
+) -> list[ToolExecution]:
+    """The trace's tool executions from its state (``cache``: unpacked once per evaluation)."""
+    if cache is None:
+        return [unpack_execution(x, trace_id) for x in st.executions]
+    key = (tenant, trace_id)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = [unpack_execution(x, trace_id) for x in st.executions]
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +244,12 @@ class Decider:
         session_late: bool = False,
         lost: bool = False,
         captured_at: datetime | None = None,
+        executions: dict[tuple[str, str], list[ToolExecution]] | None = None,
     ) -> Observation:
         """``captured_at``: the evaluation's time (a score's ``decided_at``), so the evidence a score
-        cites is never stamped later than its decision; now when not given."""
-        executions: list[ToolExecution] = []
+        cites is never stamped later than its decision; now when not given. ``executions``: the
+        evaluation's cache of unpacked executions by (tenant, trace), shared by its expectations."""
+        found: list[ToolExecution] = []
         reasons: set[str] = set()
         sources: set[CompletionSource] = set()
         for t in traces:
@@ -248,7 +259,7 @@ class Decider:
             if src is not None:
                 sources.add(src)
             if st is not None:
-                executions.extend(executions_of(st, t))
+                found.extend(executions_of(st, t, executions, exp.tenant))
         if not traces:  # a session's traces may still come; other scopes name theirs up front
             reasons.add(AWAITING_COMPLETION if isinstance(exp.scope, SessionScorable) else NO_TRACE_LINKED)
         if session_late:  # a trace came after the session was complete: the claim is broken
@@ -264,7 +275,7 @@ class Decider:
             coverage = _COMPLETED[CompletionSource.MARKER if marker else CompletionSource.WATERMARK]
         acquisition = (
             Acquisition.UNAVAILABLE
-            if lost and not executions
+            if lost and not found
             else Acquisition.COMPLETE
             if coverage.complete
             else Acquisition.PARTIAL
@@ -272,13 +283,13 @@ class Decider:
         scope = exp.scope
         if isinstance(scope, MessageScorable | TraceScorable):
             scope = scope.model_copy()
-        executions.sort(key=execution_order)
+        found.sort(key=execution_order)
         # Built from validated parts; its content id is computed only if it gets published
         # (most evaluations decide nothing yet), in ``outcome``.
         return Observation.model_construct(
             observation_id="",
             scorable=scope,
-            tool_executions=tuple(executions),
+            tool_executions=tuple(found),
             coverage=coverage,
             acquisition=acquisition,
             normalization_version=NORMALIZATION_VERSION,
@@ -368,13 +379,21 @@ class Decider:
         now: datetime,
         revisable: bool = False,
         traces_seen: int = 0,
+        protos: dict[int, score_pb2.Observation] | None = None,
     ) -> Outcome:
+        """``protos``: the evaluation's observation records by the id() of the observation they
+        encode, for an observation several outcomes share (hashed and converted once)."""
         sid = score_id_for(exp.tenant, exp.expectation_id, version)
-        # The id is computed here, once, for the observations that get published (not by copying
-        # the model); the event shares the observation's coverage message.
-        oid = observation.observation_id or observation.content_hash()
-        obs = observation_to_proto(observation)
-        obs.observation_id = oid
+        obs = None if protos is None else protos.get(id(observation))
+        if obs is None:
+            # The id is computed here, once, for the observations that get published (not by copying
+            # the model); the event shares the observation's coverage message.
+            oid = observation.observation_id or observation.content_hash()
+            obs = observation_to_proto(observation)
+            obs.observation_id = oid
+            if protos is not None:
+                protos[id(observation)] = obs
+        oid = obs.observation_id
         ev = score_pb2.ScoreEvent(
             score_id=sid,
             expectation_id=exp.expectation_id,
