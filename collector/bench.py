@@ -998,6 +998,13 @@ def _table(report: dict[str, Any], targets: Sequence[Target]) -> Table:
         f"decided and completed in the same backlog ({mix['decided_true']:,}/{mix['traces']:,} TRUE); what a "
         "harness sending all three per attempt gets",
     )
+    sev = report["several"]
+    t.add_row(
+        f"{sev['per_trace']} expectations per trace",
+        f"{sev['spans_per_s']:,.0f} spans/s",
+        f"{sev['decisions_per_s']:,.0f} decisions/s ({sev['decided_true']:,}/{sev['expectations']:,} TRUE); "
+        "the expectations a span decides together share one observation",
+    )
     reg = report["registration"]
     t.add_row(
         "expectations registered (control topic)",
@@ -1143,6 +1150,37 @@ async def ingest_only(rig: Rig, traces: Sequence[BenchTrace], progress: Progress
     await _produce(cfg.kafka, cfg.kafka.topics.spans, records, adv)
     progress.remove_task(tid)
     return await drain_in_process(cfg, sum(_spans_in(r) for _, r in records), progress, desc="ingest only: service")
+
+
+#: expectations per trace in the "several expectations" pass (what a harness registers per attempt)
+SEVERAL = 3
+
+
+async def several_expectations(
+    rig: Rig, traces: Sequence[BenchTrace], progress: Progress, per_trace: int = SEVERAL
+) -> dict[str, Any]:
+    """The end-to-end pass with ``per_trace`` expectations on each trace (each a tool the trace
+    ran: all TRUE, decided by the same spans), registered before the spans are read."""
+    cfg = rig.config()
+    redis = Redis.from_url(cfg.redis.url)
+    try:
+        extra: list[tuple[bytes, bytes]] = []
+        ids = [t.expectation_id for t in traces]
+        for t in traces:
+            first = int(t.tool.rsplit("_", 1)[1])
+            for j in range(1, per_trace):
+                eid = f"{t.expectation_id}-{j}"
+                extra.append((eid.encode(), _control_record(t, f"tool_{(first + j) % TRACE_TOOLS}", eid)))
+                ids.append(eid)
+        total = await prepare_backlog(cfg, redis, traces, progress, extra_controls=extra,
+                                      extra_ids=ids[len(traces):])
+        out = await drain_in_process(cfg, total, progress, desc=f"{per_trace} expectations per trace: service")
+        true, _ = await _decided_true(redis, Keys(cfg.redis.key_prefix), ids)
+    finally:
+        await redis.aclose()
+    out.update(per_trace=per_trace, decided_true=true, expectations=len(ids),
+               decisions_per_s=len(ids) / out["seconds"] if out["seconds"] > 0 else math.nan)
+    return out
 
 
 async def interleaved(rig: Rig, traces: Sequence[BenchTrace], progress: Progress) -> dict[str, Any]:
@@ -1330,6 +1368,7 @@ async def _run(
             # what applying spans costs without a decision, so a decision's own cost can be read off.
             ingest = await ingest_only(rig, make_traces(n_traces), progress)
             mixed = await interleaved(rig, make_traces(n_traces), progress)
+            several = await several_expectations(rig, make_traces(n_traces), progress)
 
             # 8. the same backlog through 1 and 2 service processes -----------------------------------------
             runs = [await run_instances_phase(rig, backlog, n, progress) for n in instances]
@@ -1355,6 +1394,7 @@ async def _run(
             "ingest_ratio": ingest["spans_per_s"] / floor_mean,
             "interleaved": mixed,
             "interleaved_ratio": mixed["spans_per_s"] / floor_mean,
+            "several": several,
             "registration": {"expectations": len(ids), "seconds": registration_s,
                              "per_s": len(ids) / registration_s if registration_s > 0 else math.nan},
             # CPU-free arithmetic on two rates of this run: each trace here is one decision

@@ -99,6 +99,7 @@ async def run_demo() -> int:
     for col in ("scenario", "expectation", "verdict", "trigger", "time to verdict", "coverage"):
         table.add_column(col)
     ok = True
+    obs_id = ""  # the observation the replay step reads (printed at the end)
 
     def show(scenario: str, expect: str, ev: score_pb2.ScoreEvent, want: int) -> None:
         nonlocal ok
@@ -157,6 +158,7 @@ async def run_demo() -> int:
 
             # 5. Re-match saved evidence with the capture closed: replay the observation of (2).
             obs = await tw.get_observation(ev2.observation_ids[0], timeout=60)
+            obs_id = obs.observation_id
         console.print(table)
         closed = InMemoryTraceClient()
         closed.close()
@@ -174,4 +176,10 @@ async def run_demo() -> int:
         await service.shutdown()
         provider.shutdown()
     console.print("[bold green]demo OK[/]" if ok else "[bold red]demo: unexpected verdicts[/]")
+    t = cfg.kafka.topics
+    hint = f"  read them back: TOOLWITNESS_KAFKA__TOPICS__SCORES={t.scores} toolwitness scores"
+    if obs_id:
+        hint += (f"\n  and the evidence: TOOLWITNESS_KAFKA__TOPICS__OBSERVATIONS={t.observations} "
+                 f"toolwitness observation {obs_id}")
+    console.print(hint, markup=False, highlight=False, soft_wrap=True)
     return 0 if ok else 1

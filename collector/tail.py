@@ -39,6 +39,10 @@ DLQ_HEADERS = {
 }
 
 
+#: rows per printed table: a long topic is printed in tables of this many, not held whole
+TABLE_ROWS = 200
+
+
 class TailError(RuntimeError):
     """The topic cannot be read as asked (it does not exist, the brokers do not answer)."""
 
@@ -158,7 +162,7 @@ async def show_scores(
         seen.add(ev.score_id)
         emit(ev)
         printed += 1
-        if not json_out and tail.follow:  # a row as each one arrives
+        if not json_out and (tail.follow or len(rows) >= TABLE_ROWS):  # as they arrive; bounded memory
             console.print(score_table(rows))
             rows.clear()
     if rows:
@@ -261,7 +265,7 @@ async def show_dead_letters(
             console.print(json.dumps(d, sort_keys=True), markup=False, highlight=False, soft_wrap=True)
             continue
         rows.append(d)
-        if tail.follow:  # a row as each one arrives
+        if tail.follow or len(rows) >= TABLE_ROWS:  # as they arrive; bounded memory
             console.print(dead_letter_table(rows))
             rows.clear()
     if rows:

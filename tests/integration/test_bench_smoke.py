@@ -56,6 +56,10 @@ async def test_bench_pipeline_smoke(kafka_bootstrap: str, redis_url: str, capsys
     assert mixed["traces"] == 80 and mixed["spans"] == 2000 and mixed["records"] == 80 * 2 + 80
     assert mixed["decided_true"] == 80 and mixed["spans_per_s"] > 0
     assert report["interleaved_ratio"] == mixed["spans_per_s"] / mean
+    several = report["several"]  # three expectations on each trace, all decided TRUE by its spans
+    assert several["per_trace"] == 3 and several["spans"] == 2000
+    assert several["decided_true"] == several["expectations"] == 240
+    assert several["decisions_per_s"] == pytest.approx(240 / several["seconds"])
     reg = report["registration"]  # the 80 expectations and the absent-tool probe's
     assert reg["expectations"] == 81 and reg["per_s"] == reg["expectations"] / reg["seconds"] > 0
 
