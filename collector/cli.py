@@ -321,6 +321,30 @@ def dlq(
     _tail("dlq", config, lambda k: show_dead_letters(k, tail, reason=reason, json_out=json_out))
 
 
+@app.command()
+def smoke(
+    config: ConfigOpt = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for each score", min=1)] = 60.0,
+) -> None:
+    """Check a running deployment end to end: an instrumented agent's spans, two expectations,
+    TRUE before the completion marker and FALSE after it, the observation read back. Exit 0 or 1."""
+    from aiokafka.errors import KafkaError
+
+    from collector.config import ConfigError, load_config
+    from collector.smoke import SmokeError, run_smoke
+
+    try:
+        cfg = load_config(config)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"toolwitness: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        asyncio.run(run_smoke(cfg, timeout_s=timeout))
+    except (SmokeError, KafkaError, OSError, TimeoutError) as exc:
+        typer.echo(f"toolwitness smoke: FAILED: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
 @bench_app.command("scoring")
 def bench_scoring(iterations: Annotated[int, typer.Option()] = 20000) -> None:
     """Verdicts/s of the pure scoring core (10-tool trace, 5-leaf tree)."""

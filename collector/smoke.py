@@ -1,0 +1,141 @@
+"""``toolwitness smoke``: is a running deployment scoring, end to end? (``helm test`` runs it.)
+
+Against the service a config describes (it does not start one), a small agent instrumented with
+the real OpenTelemetry SDK runs one tool and exports its spans to the spans topic, under its own
+tenant; two expectations are registered on its trace: the tool it ran (TRUE, before any marker)
+and a tool it never ran (FALSE, once the completion marker with the span count arrives); the
+observation the FALSE cites is read back and checked against its id. Exit 0 when all of it
+happened within the timeout, else 1, saying which step did not.
+
+The principal it runs as writes the spans and control topics and reads scores and observations:
+with the chart's Kafka ACLs, that is the control plane's, given span-producer rights too.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from rich.console import Console
+
+from collector.client import ToolwitnessClient
+from collector.config import ServiceConfig
+from collector.otel import KafkaSpanExporter, SpanCountingProcessor
+from collector.wire.gen import score_pb2
+from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
+
+#: the tenant the smoke test's spans and expectations belong to: apart from real ones
+SMOKE_TENANT = "toolwitness-smoke"
+RAN = "toolwitness_smoke_tool"
+NEVER_RAN = "toolwitness_smoke_absent_tool"
+
+
+class SmokeError(RuntimeError):
+    """A step of the smoke test did not happen; the message says which, and what to check."""
+
+
+@dataclass
+class SmokeReport:
+    trace_id: str = ""
+    steps: list[tuple[str, str, float]] = field(default_factory=list)  # (step, result, ms since start)
+
+
+def tool_call_tree(cfg: ServiceConfig) -> str:
+    """The name of a configured tree whose root is the tool-call scorer (the smoke test's judge)."""
+    for name, tree in cfg.scorers.items():
+        if tree.type == "otel_tool_call":
+            return name
+    trees = ", ".join(f"{n} ({t.type})" for n, t in cfg.scorers.items()) or "none"
+    raise SmokeError(f"no scorer tree of type otel_tool_call in the config (scorers: {trees}): add one to smoke-test")
+
+
+def _status(ev: score_pb2.ScoreEvent) -> str:
+    return {1: "TRUE", 2: "FALSE", 3: "UNDETERMINED"}.get(ev.status, "?")
+
+
+async def run_smoke(cfg: ServiceConfig, *, timeout_s: float = 60.0, out: Console | None = None) -> SmokeReport:
+    """Run the smoke test; raise ``SmokeError`` naming the step that did not happen."""
+    console = out or Console()
+    k = cfg.kafka
+    tree = tool_call_tree(cfg)
+    report = SmokeReport()
+    started = time.monotonic()
+
+    def step(what: str, result: str) -> None:
+        ms = (time.monotonic() - started) * 1000
+        report.steps.append((what, result, ms))
+        console.print(f"  {what}: {result} ({ms:.0f} ms)")
+
+    provider = TracerProvider(sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=SpanLimits.UNSET))
+    counter = SpanCountingProcessor()
+    provider.add_span_processor(counter)
+    exporter = KafkaSpanExporter(
+        bootstrap_servers=k.bootstrap_servers, topic=k.topics.spans, tenant=SMOKE_TENANT,
+        tenant_header=cfg.tenant.header, security=k.security, encoding=k.encoding,
+    )
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("toolwitness-smoke")
+    console.print(f"[bold]toolwitness smoke[/] — Kafka {k.bootstrap_servers}, spans topic {k.topics.spans}, "
+                  f"scores topic {k.topics.scores}, tenant {SMOKE_TENANT}, scorer tree {tree!r}")
+    try:
+        async with ToolwitnessClient.from_kafka_config(k, tenant=SMOKE_TENANT, timeout_s=min(timeout_s, 30.0)) as tw:
+            with tracer.start_as_current_span("toolwitness smoke agent", context=Context()) as root:
+                with tracer.start_as_current_span(
+                    f"execute_tool {RAN}",
+                    attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": RAN,
+                                "gen_ai.tool.call.id": uuid.uuid4().hex},
+                ):
+                    pass
+                report.trace_id = f"{root.get_span_context().trace_id:032x}"
+            if not provider.force_flush(int(timeout_s * 1000)):
+                raise SmokeError(f"the spans were not written to {k.topics.spans} (see the exporter's warning)")
+            step("agent", f"trace {report.trace_id}: 2 spans exported to {k.topics.spans}")
+            scope = TraceScorable(trace_ids=(report.trace_id,))
+
+            def ask(tool: str) -> ScoringExpectation:
+                return ScoringExpectation(conditions=(ToolsCalled(tools=(ToolCallRequirement(name=tool),)),))
+
+            ran = await tw.expect(scope, ask(RAN), scorer=tree)
+            never = await tw.expect(scope, ask(NEVER_RAN), scorer=tree)
+            step("expectations", f"{RAN} ran ({ran}), {NEVER_RAN} ran ({never}) registered on {k.topics.control}")
+            ev = await _wait(tw, ran, timeout_s, f"'{RAN} ran' (TRUE expected)", cfg)
+            if ev.status != 1:
+                raise SmokeError(f"{RAN} ran: {_status(ev)} ({ev.rationale}), expected TRUE")
+            step("score", f"{RAN} ran → TRUE, {ev.time_to_verdict.ToTimedelta().total_seconds() * 1000:.0f} ms "
+                          "after registration, before any completion marker")
+            await tw.mark_complete(report.trace_id, span_count=counter.pop(report.trace_id))
+            ev = await _wait(tw, never, timeout_s, f"'{NEVER_RAN} ran' (FALSE expected after the marker)", cfg)
+            if ev.status != 2:
+                raise SmokeError(f"{NEVER_RAN} ran: {_status(ev)} ({ev.rationale}), expected FALSE")
+            step("score", f"{NEVER_RAN} ran → FALSE once the marker completed the trace")
+            try:
+                obs = await tw.get_observation(ev.observation_ids[0], timeout=timeout_s)
+            except TimeoutError:
+                raise SmokeError(
+                    f"observation {ev.observation_ids[0]} (cited by the FALSE) is not on {k.topics.observations}"
+                ) from None
+            names = sorted(e.name for e in obs.tool_executions)
+            step("observation", f"{obs.observation_id[:12]}… read back, content checked: executions {names}")
+    finally:
+        provider.shutdown()
+    console.print(f"[bold green]toolwitness smoke: passed[/] in {(time.monotonic() - started) * 1000:.0f} ms")
+    return report
+
+
+async def _wait(
+    tw: ToolwitnessClient, expectation_id: str, timeout_s: float, what: str, cfg: ServiceConfig
+) -> score_pb2.ScoreEvent:
+    try:
+        return await tw.wait_for(expectation_id, timeout=timeout_s)
+    except TimeoutError:
+        raise SmokeError(
+            f"no score for {what} on {cfg.kafka.topics.scores} within {timeout_s:.0f}s: is the service running "
+            "and consuming "
+            f"{cfg.kafka.topics.spans} + {cfg.kafka.topics.control} (group {cfg.kafka.group_id})? "
+            f"Look for a dead letter of expectation {expectation_id} (toolwitness dlq) and at the service's log"
+        ) from None

@@ -1,0 +1,54 @@
+"""``toolwitness smoke`` against a running service passes, and against a stopped one says which step
+did not happen (the chart's ``helm test`` hook runs it against a deployment)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from collector.smoke import NEVER_RAN, RAN, SMOKE_TENANT, SmokeError, run_smoke
+from collector.wire.convert import decode_score_event
+from tests.integration.harness import REPO_ROOT, make_config, read_until, running_service, write_config
+
+pytestmark = pytest.mark.integration
+
+
+async def test_smoke_passes_against_a_running_service_and_fails_naming_the_step_without_one(
+    kafka_bootstrap: str, redis_url: str, tmp_path: Path
+) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    out = Console(file=io.StringIO(), width=300, color_system=None)
+    async with running_service(cfg):
+        report = await run_smoke(cfg, timeout_s=30, out=out)
+        config = write_config(cfg, tmp_path / "config.yaml")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "collector.cli", "smoke", "--config", str(config), "--timeout", "30",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        async with asyncio.timeout(90):
+            stdout, stderr = await proc.communicate()
+        assert proc.returncode == 0, stderr.decode()
+        assert "toolwitness smoke: passed" in stdout.decode()
+    assert [s[0] for s in report.steps] == ["agent", "expectations", "score", "score", "observation"]
+    # what a consumer of the scores topic saw: the smoke tenant's TRUE and FALSE on the smoke trace
+    records = await read_until(kafka_bootstrap, cfg.kafka.topics.scores, lambda rs: len(rs) >= 4, timeout=30)
+    mine = [ev for ev in map(decode_score_event, (r.value or b"" for r in records))
+            if report.trace_id in ev.scope.traces.trace_ids]
+    assert sorted((ev.tenant, ev.rationale.split("'")[1], ev.value) for ev in mine) == [
+        (SMOKE_TENANT, NEVER_RAN, "false"), (SMOKE_TENANT, RAN, "true")]
+
+    with pytest.raises(SmokeError, match=f"no score for '{RAN} ran'.*is the service running"):
+        await run_smoke(cfg, timeout_s=2, out=Console(file=io.StringIO()))
+
+
+async def test_smoke_needs_a_tool_call_tree(kafka_bootstrap: str, redis_url: str) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url, scorers={"text": {"type": "substring", "substring": "x"}})
+    with pytest.raises(SmokeError, match="no scorer tree of type otel_tool_call"):
+        await run_smoke(cfg, timeout_s=2, out=Console(file=io.StringIO()))
