@@ -287,6 +287,39 @@ def test_pods_run_the_documented_commands(rendered: dict[str, list[dict[str, Any
     assert mounts[config_path]["subPath"] == "config.yaml"
 
 
+def test_helm_test_runs_the_smoke_command_with_its_own_credentials(helm: Helm) -> None:
+    """`helm test` runs `toolwitness smoke` on the release's config: a hook pod the Service, the
+    PDB and the NetworkPolicies do not select, with the smoke test's SASL credentials when given."""
+    from typer.main import get_command
+
+    from collector.cli import app
+
+    sasl = ["config.kafka.security.protocol=SASL_SSL", "config.kafka.security.sasl_mechanism=SCRAM-SHA-512",
+            "secrets.kafkaSasl.existingSecret=scorer-sasl"]
+    docs = helm.render_docs(sets=[*sasl, "smokeTest.timeoutSeconds=90"])
+    (pod,) = kinds(docs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (c,) = pod["spec"]["containers"]
+    assert c["args"] == ["smoke", "--config", "/etc/toolwitness/config.yaml", "--timeout", "90"]
+    smoke_cli = get_command(app).commands["smoke"]  # type: ignore[attr-defined]
+    assert {"--config", "--timeout"} <= {opt for param in smoke_cli.params for opt in param.opts}
+    labels = pod["metadata"]["labels"]
+    for selector in (one(docs, "Service")["spec"]["selector"],
+                     one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]):
+        assert not selector.items() <= labels.items()
+    for policy in kinds(docs, "NetworkPolicy"):
+        assert not policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+
+    def secret_of(container: dict[str, Any]) -> set[str]:
+        return {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", []) if "valueFrom" in e}
+
+    assert secret_of(c) == {"scorer-sasl"}  # none of its own: the scorer's
+    (own,) = kinds(helm.render_docs(sets=[*sasl, "smokeTest.kafkaSasl.existingSecret=smoke-sasl"]), "Pod")
+    assert secret_of(own["spec"]["containers"][0]) == {"smoke-sasl"}
+    assert not kinds(helm.render_docs(sets=["smokeTest.enabled=false"]), "Pod")
+
+
 def test_the_sidecar_is_probed_and_scraped_on_its_admin_port(helm: Helm) -> None:
     docs = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.adminPort=9464", "serviceMonitor.enabled=true",
                                   "networkPolicy.enabled=true", "networkPolicy.ingress.namespaces={monitoring}",
@@ -632,7 +665,9 @@ def test_extras_that_cannot_work_fail_the_render(helm: Helm, tmp_path: Path, val
 def test_every_deployment_is_hardened(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
     deployments = kinds(rendered[name], "Deployment")
     assert deployments
-    for dep in deployments:
+    # the `helm test` pod too
+    for dep in [*deployments, *({"metadata": p["metadata"], "spec": {"template": {"spec": p["spec"]}}}
+                                for p in kinds(rendered[name], "Pod"))]:
         pod = dep["spec"]["template"]["spec"]
         where = f"{name}/{dep['metadata']['name']}"
         psc = pod["securityContext"]
