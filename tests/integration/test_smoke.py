@@ -14,7 +14,7 @@ from rich.console import Console
 
 from collector.smoke import NEVER_RAN, RAN, SMOKE_TENANT, SmokeError, run_smoke
 from collector.wire.convert import decode_score_event
-from tests.integration.harness import REPO_ROOT, make_config, read_until, running_service, write_config
+from tests.integration.harness import REPO_ROOT, create_topic, make_config, read_until, running_service, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +52,13 @@ async def test_smoke_needs_a_tool_call_tree(kafka_bootstrap: str, redis_url: str
     cfg = make_config(kafka_bootstrap, redis_url, scorers={"text": {"type": "substring", "substring": "x"}})
     with pytest.raises(SmokeError, match="no scorer tree of type otel_tool_call"):
         await run_smoke(cfg, timeout_s=2, out=Console(file=io.StringIO()))
+
+
+async def test_smoke_says_when_the_agents_spans_cannot_be_written(kafka_bootstrap: str, redis_url: str) -> None:
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t = cfg.kafka.topics
+    await create_topic(kafka_bootstrap, t.spans, 1, {"max.message.bytes": "200"})  # below the smoke trace's record
+    for topic in (t.control, t.scores, t.observations):
+        await create_topic(kafka_bootstrap, topic, 1, {})
+    with pytest.raises(SmokeError, match=f"writing the agent's spans to {t.spans} failed"):
+        await run_smoke(cfg, timeout_s=5, out=Console(file=io.StringIO()))
