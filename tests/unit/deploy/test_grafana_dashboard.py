@@ -19,7 +19,7 @@ from tests.unit.deploy.promql import KNOWN_VALUES, TARGET_LABELS, exposed_series
 
 DASHBOARD = CHART / "dashboards" / "toolwitness.json"
 #: what Grafana substitutes before the query reaches Prometheus
-GRAFANA_VARIABLES = {"$__rate_interval": "1m", "${job}": "toolwitness", "$job": "toolwitness",
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$sidecar_job": "toolwitness-sidecar", "$job": "toolwitness",
                      "$namespace": "toolwitness"}
 
 
