@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from collector.client import ToolwitnessClient, kafka_security_kwargs, topic_partitions
@@ -162,12 +163,25 @@ async def show_scores(
         seen.add(ev.score_id)
         emit(ev)
         printed += 1
-        if not json_out and (tail.follow or len(rows) >= TABLE_ROWS):  # as they arrive; bounded memory
+        if not json_out and tail.follow:  # one line as each arrives: no header per row
+            console.print(score_line(ev), highlight=False, soft_wrap=True)
+            rows.clear()
+        elif len(rows) >= TABLE_ROWS:  # bounded memory
             console.print(score_table(rows))
             rows.clear()
     if rows:
         console.print(score_table(rows))
     return printed
+
+
+def score_line(ev: score_pb2.ScoreEvent) -> str:
+    verdict = status_name(ev.status)
+    style = {"TRUE": "green", "FALSE": "red"}.get(verdict, "yellow")
+    ttv = ev.time_to_verdict.ToTimedelta().total_seconds() * 1000
+    at = ev.decided_at.ToDatetime().isoformat(timespec="milliseconds")
+    return (f"{at}Z  {escape(ev.tenant)}/{escape(ev.expectation_id)} "
+            f"v{ev.version}  [{style}]{verdict}[/]  {ttv:.1f} ms  {coverage_text(ev.coverage)}  "
+            f"observation {', '.join(ev.observation_ids)}  {escape(ev.rationale[:200])}")
 
 
 def score_table(events: list[score_pb2.ScoreEvent]) -> Table:
@@ -180,14 +194,14 @@ def score_table(events: list[score_pb2.ScoreEvent]) -> Table:
         style = {"TRUE": "green", "FALSE": "red"}.get(verdict, "yellow")
         table.add_row(
             ev.decided_at.ToDatetime().isoformat(timespec="milliseconds") + "Z",
-            ev.tenant,
-            ev.expectation_id,
+            escape(ev.tenant),
+            escape(ev.expectation_id),
             str(ev.version),
             f"[{style}]{verdict}[/]",
             f"{ev.time_to_verdict.ToTimedelta().total_seconds() * 1000:.1f} ms",
             coverage_text(ev.coverage),
             ", ".join(ev.observation_ids),  # whole: `toolwitness observation <id>` takes it
-            ev.rationale[:120],
+            escape(ev.rationale[:120]),
         )
     return table
 
@@ -212,7 +226,8 @@ async def show_observation(
         console.print(encode(proto, "json").decode(), markup=False, highlight=False, soft_wrap=True)
         return
     console.print(f"observation [bold]{obs.observation_id}[/] (content checked against its id)")
-    console.print(f"scope: {json.dumps(json_format.MessageToDict(proto.scope, preserving_proto_field_name=True))}")
+    console.print(f"scope: {json.dumps(json_format.MessageToDict(proto.scope, preserving_proto_field_name=True))}",
+                  markup=False, highlight=False)
     console.print(f"coverage: {coverage_text(proto.coverage)}; acquisition: {obs.acquisition.value}; "
                   f"captured at {obs.captured_at.isoformat()}; normalization {obs.normalization_version}")
     table = Table(show_edge=False, title=f"{len(obs.tool_executions)} tool execution(s), in start order")
@@ -222,11 +237,11 @@ async def show_observation(
         state = common_pb2.CaptureState.Name(e.arguments_state).removeprefix("CAPTURE_STATE_").lower()
         table.add_row(
             datetime.fromtimestamp(e.start_time_unix_nano / 1e9, UTC).isoformat(timespec="microseconds"),
-            e.name,
+            escape(e.name),
             common_pb2.ExecutionStatus.Name(e.status).removeprefix("EXECUTION_STATUS_").lower(),
-            e.call_id,
+            escape(e.call_id),
             f"{e.trace_id[:8]}…/{e.span_id}",
-            (e.arguments_json[:200] or "") + (f" ({state})" if state not in ("captured", "unspecified") else ""),
+            escape(e.arguments_json[:200]) + (f" ({state})" if state not in ("captured", "unspecified") else ""),
         )
     console.print(table)
 
@@ -264,8 +279,12 @@ async def show_dead_letters(
         if json_out:
             console.print(json.dumps(d, sort_keys=True), markup=False, highlight=False, soft_wrap=True)
             continue
+        if tail.follow:  # one line as each arrives: no header per row
+            console.print(f"{d['source']}  {d['reason']}  tenant={d['tenant']}  key={d['key']}  {d['bytes']:,} bytes  "
+                          f"{d['detail'][:200]}", markup=False, highlight=False, soft_wrap=True)
+            continue
         rows.append(d)
-        if tail.follow or len(rows) >= TABLE_ROWS:  # as they arrive; bounded memory
+        if len(rows) >= TABLE_ROWS:  # bounded memory
             console.print(dead_letter_table(rows))
             rows.clear()
     if rows:
@@ -279,5 +298,5 @@ def dead_letter_table(letters: list[dict[str, Any]]) -> Table:
         table.add_column(col, overflow="fold")
     for d in letters:
         size = f"{d['bytes']:,}" + (f" of {int(d['truncated_from']):,}" if d["truncated_from"] else "")
-        table.add_row(d["source"], d["reason"], d["detail"][:200], d["tenant"], d["key"], size)
+        table.add_row(*(escape(x) for x in (d["source"], d["reason"], d["detail"][:200], d["tenant"], d["key"])), size)
     return table

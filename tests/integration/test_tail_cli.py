@@ -37,6 +37,7 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 GARBAGE = b"\x00 not an OTLP record \xff"
+MARKUP_KEY = "[/]not markup[bold]"
 
 
 def console() -> Console:
@@ -62,8 +63,10 @@ async def written(kafka_bootstrap: str, redis_url: str) -> tuple[ServiceConfig, 
     async with running_service(cfg) as _, raw_producer(cfg) as producer:
         await send_group(producer, cfg, group)
         await producer.send_and_wait(cfg.kafka.topics.spans, key=b"garbage", value=GARBAGE)
+        # text from a bad record is printed as text, never as rich markup ("[/]" alone would raise)
+        await producer.send_and_wait(cfg.kafka.topics.spans, key=MARKUP_KEY.encode(), value=GARBAGE)
         await read_until(kafka_bootstrap, cfg.kafka.topics.scores, lambda rs: len(rs) >= 4, timeout=60)
-        await read_until(kafka_bootstrap, cfg.kafka.topics.dlq, lambda rs: len(rs) >= 1, timeout=60)
+        await read_until(kafka_bootstrap, cfg.kafka.topics.dlq, lambda rs: len(rs) >= 2, timeout=60)
     return cfg, group
 
 
@@ -114,13 +117,28 @@ async def test_observation_prints_the_evidence_a_score_cites(written: tuple[Serv
 async def test_dlq_prints_the_reason_and_the_original_record(written: tuple[ServiceConfig, TraceGroup]) -> None:
     cfg, _ = written
     out = console()
-    assert await show_dead_letters(cfg.kafka, Tail(), json_out=True, out=out) == 1
-    (letter,) = [json.loads(line) for line in text(out).splitlines()]
+    assert await show_dead_letters(cfg.kafka, Tail(), json_out=True, out=out) == 2
+    letters = {d["key"]: d for d in (json.loads(line) for line in text(out).splitlines())}
+    assert set(letters) == {"garbage", MARKUP_KEY}
+    letter = letters["garbage"]
     assert letter["reason"] == "undecodable_protobuf"
     assert letter["source"].startswith(f"{cfg.kafka.topics.spans}/")
     assert letter["key"] == "garbage"
     assert base64.b64decode(letter["value_base64"]) == GARBAGE
     assert await show_dead_letters(cfg.kafka, Tail(), reason="record_too_large", out=console()) == 0
+    for tail in (Tail(), Tail(follow=True, limit=2)):
+        table = console()
+        assert await show_dead_letters(cfg.kafka, tail, out=table) == 2
+        assert MARKUP_KEY in text(table)
+
+
+async def test_following_prints_a_line_per_score(written: tuple[ServiceConfig, TraceGroup]) -> None:
+    cfg, group = written
+    out = console()
+    assert await show_scores(cfg.kafka, Tail(follow=True, limit=4), out=out) == 4
+    lines = text(out).splitlines()
+    assert len(lines) == 4 and not any("┃" in line for line in lines)  # no table header per row
+    assert {line.split()[1].split("/")[1] for line in lines} == set(group.verdicts())
 
 
 async def test_the_commands_run_from_the_shell(written: tuple[ServiceConfig, TraceGroup], tmp_path: Path) -> None:
