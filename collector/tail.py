@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncGenerator, Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -51,7 +52,8 @@ class TailError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Tail:
     """Which records: from the start of each partition (else only new ones), up to the end
-    offsets seen at the start unless ``follow``, at most ``limit`` of them (0: no limit)."""
+    offsets seen at the start unless ``follow``; at most ``limit`` of them printed (0: no limit),
+    counted after filters and de-duplication, so ``--limit 2`` prints two when two are there."""
 
     from_beginning: bool = True
     follow: bool = False
@@ -60,7 +62,7 @@ class Tail:
     timeout_s: float = 15.0
 
 
-async def records(k: KafkaConfig, topic: str, tail: Tail) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+async def records(k: KafkaConfig, topic: str, tail: Tail) -> AsyncGenerator[ConsumerRecord[bytes, bytes], None]:
     """The records of ``topic`` as ``tail`` says, partition by partition as fetched."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=k.bootstrap_servers,
@@ -88,7 +90,6 @@ async def records(k: KafkaConfig, topic: str, tail: Tail) -> AsyncIterator[Consu
             await consumer.seek_to_end(*tps)
         ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
         done: set[TopicPartition] = set()
-        n = 0
         while True:
             if not tail.follow:
                 done |= {tp for tp in tps if tp not in done and await consumer.position(tp) >= ends[tp]}
@@ -100,9 +101,6 @@ async def records(k: KafkaConfig, topic: str, tail: Tail) -> AsyncIterator[Consu
                     if not tail.follow and rec.offset >= ends[tp]:
                         continue  # written after the start: the next run shows it
                     yield rec
-                    n += 1
-                    if tail.limit and n >= tail.limit:
-                        return
     finally:
         await consumer.stop()
 
@@ -148,30 +146,40 @@ async def show_scores(
     else:
         def emit(ev: score_pb2.ScoreEvent) -> None:
             rows.append(ev)
-    async for rec in records(k, k.topics.scores, tail):
-        try:
-            ev = decode_score_event(rec.value or b"")
-        except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError) as exc:
-            console.print(f"[yellow]{rec.topic}/{rec.partition}/{rec.offset}: not a score event ({exc})[/]")
-            continue
-        if expectations and ev.expectation_id not in expectations:
-            continue
-        if tenant is not None and ev.tenant != tenant:
-            continue
-        if not resends and ev.score_id in seen:
-            continue
-        seen.add(ev.score_id)
-        emit(ev)
-        printed += 1
-        if not json_out and tail.follow:  # one line as each arrives: no header per row
-            console.print(score_line(ev), highlight=False, soft_wrap=True)
-            rows.clear()
-        elif len(rows) >= TABLE_ROWS:  # bounded memory
-            console.print(score_table(rows))
-            rows.clear()
+    async with contextlib.aclosing(records(k, k.topics.scores, tail)) as recs:
+        async for rec in recs:
+            ev = _score_of(rec, console)
+            if ev is None:
+                continue
+            if expectations and ev.expectation_id not in expectations:
+                continue
+            if tenant is not None and ev.tenant != tenant:
+                continue
+            if not resends and ev.score_id in seen:
+                continue
+            seen.add(ev.score_id)
+            emit(ev)
+            printed += 1
+            if not json_out and tail.follow:  # one line as each arrives: no header per row
+                console.print(score_line(ev), highlight=False, soft_wrap=True)
+                rows.clear()
+            elif len(rows) >= TABLE_ROWS:  # bounded memory
+                console.print(score_table(rows))
+                rows.clear()
+            if printed == tail.limit:
+                break
     if rows:
         console.print(score_table(rows))
     return printed
+
+
+def _score_of(rec: ConsumerRecord[bytes, bytes], console: Console) -> score_pb2.ScoreEvent | None:
+    try:
+        return decode_score_event(rec.value or b"")
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError) as exc:
+        where = f"{rec.topic}/{rec.partition}/{rec.offset}"
+        console.print(f"{where}: not a score event ({exc})", markup=False, highlight=False, style="yellow")
+        return None
 
 
 def score_line(ev: score_pb2.ScoreEvent) -> str:
@@ -271,22 +279,25 @@ async def show_dead_letters(
     console = out or Console()
     rows: list[dict[str, Any]] = []
     printed = 0
-    async for rec in records(k, k.topics.dlq, tail):
-        d = dead_letter(rec)
-        if reason is not None and d["reason"] != reason:
-            continue
-        printed += 1
-        if json_out:
-            console.print(json.dumps(d, sort_keys=True), markup=False, highlight=False, soft_wrap=True)
-            continue
-        if tail.follow:  # one line as each arrives: no header per row
-            console.print(f"{d['source']}  {d['reason']}  tenant={d['tenant']}  key={d['key']}  {d['bytes']:,} bytes  "
-                          f"{d['detail'][:200]}", markup=False, highlight=False, soft_wrap=True)
-            continue
-        rows.append(d)
-        if len(rows) >= TABLE_ROWS:  # bounded memory
-            console.print(dead_letter_table(rows))
-            rows.clear()
+    async with contextlib.aclosing(records(k, k.topics.dlq, tail)) as recs:
+        async for rec in recs:
+            d = dead_letter(rec)
+            if reason is not None and d["reason"] != reason:
+                continue
+            printed += 1
+            if json_out:
+                console.print(json.dumps(d, sort_keys=True), markup=False, highlight=False, soft_wrap=True)
+            elif tail.follow:  # one line as each arrives: no header per row
+                console.print(f"{d['source']}  {d['reason']}  tenant={d['tenant']}  key={d['key']}  "
+                              f"{d['bytes']:,} bytes  {d['detail'][:200]}", markup=False, highlight=False,
+                              soft_wrap=True)
+            else:
+                rows.append(d)
+                if len(rows) >= TABLE_ROWS:  # bounded memory
+                    console.print(dead_letter_table(rows))
+                    rows.clear()
+            if printed == tail.limit:
+                break
     if rows:
         console.print(dead_letter_table(rows))
     return printed

@@ -91,7 +91,12 @@ async def test_scores_prints_every_score_once_and_filters(written: tuple[Service
     table = text(one)
     assert "tail-true-1" in table and "TRUE" in table and "tail-false" not in table
     assert await show_scores(cfg.kafka, Tail(), tenant="someone-else", out=console()) == 0
-    assert await show_scores(cfg.kafka, Tail(limit=2), out=console()) == 2
+    # the limit counts what is printed, after filters and de-duplication (the re-send above is skipped)
+    for limit in (1, 2, 3, 4):
+        assert await show_scores(cfg.kafka, Tail(limit=limit), out=console()) == limit
+    assert await show_scores(cfg.kafka, Tail(limit=5), out=console()) == 4
+    assert await show_scores(cfg.kafka, Tail(limit=1), expectations={"tail-false-0", "tail-false-1"},
+                             out=console()) == 1
     assert await show_scores(cfg.kafka, Tail(from_beginning=False), out=console()) == 0
 
 
