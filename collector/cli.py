@@ -325,21 +325,36 @@ def dlq(
 def smoke(
     config: ConfigOpt = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each score", min=1)] = 60.0,
+    otlp_endpoint: Annotated[
+        str, typer.Option(help="host:port of an OTLP/gRPC sidecar to send the spans through (else Kafka directly)")
+    ] = "",
+    otlp_ca: Annotated[str, typer.Option(help="CA (PEM) of the sidecar's TLS certificate; empty: plaintext")] = "",
+    otlp_token_env: Annotated[str, typer.Option(help="env var holding the sidecar's bearer token")] = "",
+    tenant: Annotated[
+        str, typer.Option(help="tenant of the smoke trace and expectations (a sidecar stamping one needs it)")
+    ] = "toolwitness-smoke",
 ) -> None:
     """Check a running deployment end to end: an instrumented agent's spans, two expectations,
     TRUE before the completion marker and FALSE after it, the observation read back. Exit 0 or 1."""
+    import os
+
     from aiokafka.errors import KafkaError
 
     from collector.config import ConfigError, load_config
-    from collector.smoke import SmokeError, run_smoke
+    from collector.smoke import OtlpTarget, SmokeError, run_smoke
 
     try:
         cfg = load_config(config)
     except (ConfigError, ValueError) as exc:
         typer.echo(f"toolwitness: {exc}", err=True)
         raise typer.Exit(2) from None
+    token = os.environ.get(otlp_token_env, "") if otlp_token_env else ""
+    if otlp_token_env and not token:
+        typer.echo(f"toolwitness smoke: --otlp-token-env {otlp_token_env} is not set", err=True)
+        raise typer.Exit(2)
+    otlp = OtlpTarget(otlp_endpoint, otlp_ca, token) if otlp_endpoint else None
     try:
-        asyncio.run(run_smoke(cfg, timeout_s=timeout))
+        asyncio.run(run_smoke(cfg, timeout_s=timeout, otlp=otlp, tenant=tenant))
     except (SmokeError, KafkaError, OSError, TimeoutError) as exc:
         typer.echo(f"toolwitness smoke: FAILED: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -17,10 +17,13 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import grpc  # type: ignore[import-untyped]
 from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from rich.console import Console
@@ -60,8 +63,46 @@ def _status(ev: score_pb2.ScoreEvent) -> str:
     return {1: "TRUE", 2: "FALSE", 3: "UNDETERMINED"}.get(ev.status, "?")
 
 
-async def run_smoke(cfg: ServiceConfig, *, timeout_s: float = 60.0, out: Console | None = None) -> SmokeReport:
-    """Run the smoke test; raise ``SmokeError`` naming the step that did not happen."""
+@dataclass(frozen=True)
+class OtlpTarget:
+    """Send the agent's spans over OTLP/gRPC (to the sidecar) instead of to Kafka directly."""
+
+    endpoint: str  # host:port
+    #: PEM file of the CA that signed the endpoint's certificate; empty: plaintext
+    ca_file: str = ""
+    #: bearer token the endpoint requires (the sidecar's --token-env), if any
+    token: str = ""
+
+
+def _span_exporter(cfg: ServiceConfig, tenant: str, otlp: OtlpTarget | None, timeout_s: float) -> SpanExporter:
+    k = cfg.kafka
+    if otlp is None:
+        return KafkaSpanExporter(
+            bootstrap_servers=k.bootstrap_servers, topic=k.topics.spans, tenant=tenant,
+            tenant_header=cfg.tenant.header, security=k.security, encoding=k.encoding,
+        )
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    credentials = grpc.ssl_channel_credentials(Path(otlp.ca_file).read_bytes()) if otlp.ca_file else None
+    return OTLPSpanExporter(
+        endpoint=otlp.endpoint, insecure=credentials is None, credentials=credentials,
+        headers={"authorization": f"Bearer {otlp.token}"} if otlp.token else None, timeout=int(max(1, timeout_s)),
+    )
+
+
+async def run_smoke(
+    cfg: ServiceConfig,
+    *,
+    timeout_s: float = 60.0,
+    out: Console | None = None,
+    otlp: OtlpTarget | None = None,
+    tenant: str = SMOKE_TENANT,
+) -> SmokeReport:
+    """Run the smoke test; raise ``SmokeError`` naming the step that did not happen.
+
+    ``otlp``: the agent exports over OTLP/gRPC there (the sidecar), its tenant in the resource
+    attribute the service reads; a sidecar that stamps a tenant of its own needs ``tenant`` to be
+    that one."""
     console = out or Console()
     k = cfg.kafka
     tree = tool_call_tree(cfg)
@@ -73,20 +114,22 @@ async def run_smoke(cfg: ServiceConfig, *, timeout_s: float = 60.0, out: Console
         report.steps.append((what, result, ms))
         console.print(f"  {what}: {result} ({ms:.0f} ms)")
 
-    provider = TracerProvider(sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=SpanLimits.UNSET))
+    attribute = cfg.tenant.resource_attribute
+    provider = TracerProvider(
+        sampler=ALWAYS_ON, span_limits=SpanLimits(max_span_attribute_length=SpanLimits.UNSET),
+        resource=Resource.create({attribute: tenant} if attribute else {}),
+    )
     counter = SpanCountingProcessor()
     provider.add_span_processor(counter)
-    exporter = KafkaSpanExporter(
-        bootstrap_servers=k.bootstrap_servers, topic=k.topics.spans, tenant=SMOKE_TENANT,
-        tenant_header=cfg.tenant.header, security=k.security, encoding=k.encoding,
-    )
+    exporter = _span_exporter(cfg, tenant, otlp, timeout_s)
+    via = f"OTLP/gRPC {otlp.endpoint}" if otlp else f"Kafka {k.bootstrap_servers}, spans topic {k.topics.spans}"
     finished = InMemorySpanExporter()  # exported below, so that a failed write is known here
     provider.add_span_processor(SimpleSpanProcessor(finished))
     tracer = provider.get_tracer("toolwitness-smoke")
-    console.print(f"[bold]toolwitness smoke[/] — Kafka {k.bootstrap_servers}, spans topic {k.topics.spans}, "
-                  f"scores topic {k.topics.scores}, tenant {SMOKE_TENANT}, scorer tree {tree!r}")
+    console.print(f"[bold]toolwitness smoke[/] — spans via {via}; scores topic {k.topics.scores} on "
+                  f"{k.bootstrap_servers}, tenant {tenant}, scorer tree {tree!r}")
     try:
-        async with ToolwitnessClient.from_kafka_config(k, tenant=SMOKE_TENANT, timeout_s=min(timeout_s, 30.0)) as tw:
+        async with ToolwitnessClient.from_kafka_config(k, tenant=tenant, timeout_s=min(timeout_s, 30.0)) as tw:
             with tracer.start_as_current_span("toolwitness smoke agent", context=Context()) as root:
                 with tracer.start_as_current_span(
                     f"execute_tool {RAN}",
@@ -96,9 +139,10 @@ async def run_smoke(cfg: ServiceConfig, *, timeout_s: float = 60.0, out: Console
                     pass
                 report.trace_id = f"{root.get_span_context().trace_id:032x}"
             spans = finished.get_finished_spans()
+            where = otlp.endpoint if otlp else k.topics.spans
             if await asyncio.to_thread(exporter.export, spans) is not SpanExportResult.SUCCESS:
-                raise SmokeError(f"writing the agent's spans to {k.topics.spans} failed (the exporter's warning: why)")
-            step("agent", f"trace {report.trace_id}: {len(spans)} spans written to {k.topics.spans}")
+                raise SmokeError(f"writing the agent's spans to {where} failed (the exporter's warning: why)")
+            step("agent", f"trace {report.trace_id}: {len(spans)} spans written to {where}")
             scope = TraceScorable(trace_ids=(report.trace_id,))
 
             def ask(tool: str) -> ScoringExpectation:
@@ -142,5 +186,6 @@ async def _wait(
             f"no score for {what} on {cfg.kafka.topics.scores} within {timeout_s:.0f}s: is the service running "
             "and consuming "
             f"{cfg.kafka.topics.spans} + {cfg.kafka.topics.control} (group {cfg.kafka.group_id})? "
-            f"Look for a dead letter of expectation {expectation_id} (toolwitness dlq) and at the service's log"
+            f"Look for a dead letter of expectation {expectation_id} (toolwitness dlq) and at the service's log; "
+            "spans sent through a sidecar that stamps its own tenant need --tenant set to it"
         ) from None

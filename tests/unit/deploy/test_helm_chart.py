@@ -320,6 +320,50 @@ def test_helm_test_runs_the_smoke_command_with_its_own_credentials(helm: Helm) -
     assert not kinds(helm.render_docs(sets=["smokeTest.enabled=false"]), "Pod")
 
 
+def test_with_the_sidecar_helm_test_goes_through_it(helm: Helm) -> None:
+    """The agents' path: OTLP/gRPC to the sidecar's Service with its token, verified against its
+    TLS CA, under the tenant it stamps; its NetworkPolicy admits the test pod on the OTLP port."""
+    from typer.main import get_command
+
+    from collector.cli import app
+
+    sidecar = ["sidecar.enabled=true", "sidecar.port=4319", "sidecar.tenant=team-a", "networkPolicy.enabled=true",
+               "sidecar.auth.existingSecret=sidecar-token", "sidecar.tls.existingSecret=sidecar-tls"]
+    docs = helm.render_docs(sets=sidecar)
+    (pod,) = kinds(docs, "Pod")
+    (c,) = pod["spec"]["containers"]
+    args = c["args"]
+    assert args[args.index("--otlp-endpoint") + 1] == f"{RELEASE}-sidecar.{NAMESPACE}.svc:4319"
+    assert args[args.index("--tenant") + 1] == "team-a"
+    assert args[args.index("--otlp-token-env") + 1] == "TOOLWITNESS_SIDECAR_TOKEN"
+    token = next(e for e in c["env"] if e["name"] == "TOOLWITNESS_SIDECAR_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "sidecar-token", "key": "token"}
+    ca = args[args.index("--otlp-ca") + 1]
+    mount = next(m for m in c["volumeMounts"] if ca.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"] == {"secretName": "sidecar-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    smoke_cli = get_command(app).commands["smoke"]  # type: ignore[attr-defined]
+    opts = {opt for param in smoke_cli.params for opt in param.opts}
+    assert {"--otlp-endpoint", "--tenant", "--otlp-token-env", "--otlp-ca"} <= opts
+    policy = one(docs, "NetworkPolicy", f"{RELEASE}-sidecar")
+    admitted = [rule for rule in policy["spec"]["ingress"]
+                if any(pod["metadata"]["labels"].items() >= f.get("podSelector", {}).get("matchLabels", {}).items()
+                       and "podSelector" in f for f in rule["from"])]
+    assert [r["ports"] for r in admitted] == [[{"protocol": "TCP", "port": 4319}]]
+    # without a tenant of the sidecar's: the agent's own resource attribute, or (turned off) the default tenant
+    def tenant_of(*sets: str) -> str:
+        args = kinds(helm.render_docs(sets=["sidecar.enabled=true", *sets]), "Pod")[0]["spec"]["containers"][0]["args"]
+        return str(args[args.index("--tenant") + 1])
+
+    assert tenant_of() == "toolwitness-smoke"
+    assert tenant_of("config.tenant.resource_attribute=", "config.tenant.default=lab") == "lab"
+    # Kafka directly when asked (or without a sidecar): no OTLP arguments, no admission
+    direct = helm.render_docs(sets=[*sidecar, "smokeTest.viaSidecar=false"])
+    assert "--otlp-endpoint" not in kinds(direct, "Pod")[0]["spec"]["containers"][0]["args"]
+    assert not [r for r in one(direct, "NetworkPolicy", f"{RELEASE}-sidecar")["spec"]["ingress"]
+                if any("podSelector" in f for f in r["from"])]
+
+
 def test_the_sidecar_is_probed_and_scraped_on_its_admin_port(helm: Helm) -> None:
     docs = helm.render_docs(sets=["sidecar.enabled=true", "sidecar.adminPort=9464", "serviceMonitor.enabled=true",
                                   "networkPolicy.enabled=true", "networkPolicy.ingress.namespaces={monitoring}",
@@ -339,9 +383,9 @@ def test_the_sidecar_is_probed_and_scraped_on_its_admin_port(helm: Helm) -> None
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     scorer_sm = one(docs, "ServiceMonitor")
     assert not scorer_sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    rules = one(docs, "NetworkPolicy", name)["spec"]["ingress"]
+    rules = [r for r in one(docs, "NetworkPolicy", name)["spec"]["ingress"] if "namespaceSelector" in r["from"][0]]
     allowed = {r["ports"][0]["port"]: r["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] for r in rules}
-    assert allowed == {4317: ["agents"], 9464: ["monitoring"]}
+    assert allowed == {4317: ["agents"], 9464: ["monitoring"]}  # (and the release's `helm test` pod: below)
     bad = helm.template(sets=["sidecar.enabled=true", "sidecar.adminPort=4317"])
     assert bad.returncode != 0 and "sidecar.adminPort must differ from sidecar.port" in bad.stderr
 
