@@ -16,6 +16,7 @@ from collector.receivers.otlp_grpc import SidecarConfig, create_sidecar
 from collector.smoke import NEVER_RAN, RAN, SMOKE_TENANT, OtlpTarget, SmokeError, run_smoke
 from collector.wire.convert import decode_score_event
 from tests.integration.harness import REPO_ROOT, create_topic, make_config, read_until, running_service, write_config
+from tests.unit.security.certs import make_pki
 
 pytestmark = pytest.mark.integration
 
@@ -68,27 +69,30 @@ async def test_smoke_says_when_the_agents_spans_cannot_be_written(kafka_bootstra
 async def test_smoke_through_the_sidecar_with_its_token_and_its_tenant(
     kafka_bootstrap: str, redis_url: str, tmp_path: Path
 ) -> None:
-    # The agent-facing path: OTLP/gRPC to the sidecar (bearer token), which forwards to Kafka and
-    # stamps its own tenant; the expectations are that tenant's.
+    # The agent-facing path, as `helm test` takes it: OTLP/gRPC over TLS to the sidecar (bearer
+    # token), which forwards to Kafka and stamps its own tenant; the expectations are that tenant's.
     cfg = make_config(kafka_bootstrap, redis_url)
     token = "smoke-token-123"
+    pki = make_pki(tmp_path / "pki")
     sidecar = create_sidecar(
         SidecarConfig(listen="127.0.0.1:0", kafka=cfg.kafka, bearer_token_env="TW_SMOKE_TOKEN", tenant="team-a",
-                      tenant_header=cfg.tenant.header),
+                      tenant_header=cfg.tenant.header, tls_certfile=str(pki.server_cert),
+                      tls_keyfile=str(pki.server_key)),
         env={"TW_SMOKE_TOKEN": token},
     )
+    ca = str(pki.ca)
     await sidecar.start()
     try:
         async with running_service(cfg):
             report = await run_smoke(cfg, timeout_s=30, out=Console(file=io.StringIO()),
-                                     otlp=OtlpTarget(sidecar.endpoint, token=token), tenant="team-a")
+                                     otlp=OtlpTarget(sidecar.endpoint, ca, token), tenant="team-a")
             assert report.steps[0][1].endswith(f"spans written to {sidecar.endpoint}")
             config = write_config(cfg, tmp_path / "config.yaml")
 
             async def cli(*args: str, **env: str) -> tuple[int, str]:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "collector.cli", "smoke", "--config", str(config), "--timeout", "30",
-                    "--otlp-endpoint", sidecar.endpoint, "--tenant", "team-a", *args,
+                    "--otlp-endpoint", sidecar.endpoint, "--otlp-ca", ca, "--tenant", "team-a", *args,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO_ROOT,
                     env={**os.environ, "COLUMNS": "200", **env},
                 )
@@ -102,11 +106,15 @@ async def test_smoke_through_the_sidecar_with_its_token_and_its_tenant(
             assert rc == 2 and "TW_SMOKE_UNSET_TOKEN is not set" in out, out
             with pytest.raises(SmokeError, match=f"writing the agent's spans to {sidecar.endpoint} failed"):
                 await run_smoke(cfg, timeout_s=5, out=Console(file=io.StringIO()),
-                                otlp=OtlpTarget(sidecar.endpoint, token="wrong"), tenant="team-a")
+                                otlp=OtlpTarget(sidecar.endpoint, ca, "wrong"), tenant="team-a")
             # the sidecar stamps team-a: expectations of another tenant never see the spans
             with pytest.raises(SmokeError, match="stamps its own tenant need --tenant"):
                 await run_smoke(cfg, timeout_s=3, out=Console(file=io.StringIO()),
-                                otlp=OtlpTarget(sidecar.endpoint, token=token))
+                                otlp=OtlpTarget(sidecar.endpoint, ca, token))
+            # plaintext to a TLS listener: the write fails, named as such
+            with pytest.raises(SmokeError, match="writing the agent's spans"):
+                await run_smoke(cfg, timeout_s=5, out=Console(file=io.StringIO()),
+                                otlp=OtlpTarget(sidecar.endpoint, token=token), tenant="team-a")
     finally:
         await sidecar.shutdown()
     records = await read_until(kafka_bootstrap, cfg.kafka.topics.scores, lambda rs: len(rs) >= 4, timeout=30)
