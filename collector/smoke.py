@@ -1,14 +1,16 @@
 """``toolwitness smoke``: is a running deployment scoring, end to end? (``helm test`` runs it.)
 
 Against the service a config describes (it does not start one), a small agent instrumented with
-the real OpenTelemetry SDK runs one tool and exports its spans to the spans topic, under its own
-tenant; two expectations are registered on its trace: the tool it ran (TRUE, before any marker)
-and a tool it never ran (FALSE, once the completion marker with the span count arrives); the
-observation the FALSE cites is read back and checked against its id. Exit 0 when all of it
-happened within the timeout, else 1, saying which step did not.
+the real OpenTelemetry SDK runs one tool and exports its spans, under its own tenant, to the
+spans topic or (``OtlpTarget``) over OTLP/gRPC to the sidecar agents use. Two expectations are
+registered on its trace: the tool it ran (TRUE, before any marker) and a tool it never ran
+(FALSE, once the completion marker with the span count arrives). The observation the FALSE
+cites is read back and checked against its id. Exit 0 when all of it happened within the
+timeout, else 1, saying which step did not.
 
-The principal it runs as writes the spans and control topics and reads scores and observations:
-with the chart's Kafka ACLs, that is the control plane's, given span-producer rights too.
+The principal it runs as writes the control topic (and the spans topic, without the sidecar) and
+reads scores and observations: with the chart's Kafka ACLs, the control plane's (given
+span-producer rights too when the spans go to Kafka directly).
 """
 
 from __future__ import annotations
