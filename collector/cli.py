@@ -333,6 +333,10 @@ def smoke(
     tenant: Annotated[
         str, typer.Option(help="tenant of the smoke trace and expectations (a sidecar stamping one needs it)")
     ] = "toolwitness-smoke",
+    spans_sasl_username_env: Annotated[
+        str, typer.Option(help="env var of a span producer's SASL username, for the spans written to Kafka")
+    ] = "",
+    spans_sasl_password_env: Annotated[str, typer.Option(help="env var of that span producer's SASL password")] = "",
 ) -> None:
     """Check a running deployment end to end: an instrumented agent's spans, two expectations,
     TRUE before the completion marker and FALSE after it, the observation read back. Exit 0 or 1."""
@@ -353,9 +357,13 @@ def smoke(
         typer.echo(f"toolwitness smoke: --otlp-token-env {otlp_token_env} is not set", err=True)
         raise typer.Exit(2)
     otlp = OtlpTarget(otlp_endpoint, otlp_ca, token) if otlp_endpoint else None
+    if bool(spans_sasl_username_env) != bool(spans_sasl_password_env):
+        typer.echo("toolwitness smoke: give --spans-sasl-username-env and --spans-sasl-password-env together", err=True)
+        raise typer.Exit(2)
+    spans_sasl = (spans_sasl_username_env, spans_sasl_password_env) if spans_sasl_username_env else None
     try:
-        asyncio.run(run_smoke(cfg, timeout_s=timeout, otlp=otlp, tenant=tenant))
-    except (SmokeError, KafkaError, OSError, TimeoutError) as exc:
+        asyncio.run(run_smoke(cfg, timeout_s=timeout, otlp=otlp, tenant=tenant, spans_sasl_env=spans_sasl))
+    except (SmokeError, KafkaError, OSError, TimeoutError, ValueError) as exc:  # ValueError: a credential unset
         typer.echo(f"toolwitness smoke: FAILED: {exc}", err=True)
         raise typer.Exit(1) from None
 

@@ -76,12 +76,18 @@ class OtlpTarget:
     token: str = ""
 
 
-def _span_exporter(cfg: ServiceConfig, tenant: str, otlp: OtlpTarget | None, timeout_s: float) -> SpanExporter:
+def _span_exporter(
+    cfg: ServiceConfig, tenant: str, otlp: OtlpTarget | None, timeout_s: float, spans_sasl_env: tuple[str, str] | None
+) -> SpanExporter:
     k = cfg.kafka
     if otlp is None:
+        # With Kafka ACLs the control plane (which registers the expectations) may not write spans:
+        # a span producer's credentials write them, as an agent's exporter would.
+        security = k.security if spans_sasl_env is None else k.security.model_copy(
+            update={"sasl_username_env": spans_sasl_env[0], "sasl_password_env": spans_sasl_env[1]})
         return KafkaSpanExporter(
             bootstrap_servers=k.bootstrap_servers, topic=k.topics.spans, tenant=tenant,
-            tenant_header=cfg.tenant.header, security=k.security, encoding=k.encoding,
+            tenant_header=cfg.tenant.header, security=security, encoding=k.encoding,
         )
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -99,12 +105,14 @@ async def run_smoke(
     out: Console | None = None,
     otlp: OtlpTarget | None = None,
     tenant: str = SMOKE_TENANT,
+    spans_sasl_env: tuple[str, str] | None = None,
 ) -> SmokeReport:
     """Run the smoke test; raise ``SmokeError`` naming the step that did not happen.
 
     ``otlp``: the agent exports over OTLP/gRPC there (the sidecar), its tenant in the resource
     attribute the service reads; a sidecar that stamps a tenant of its own needs ``tenant`` to be
-    that one."""
+    that one. ``spans_sasl_env``: the environment variables of a span producer's SASL username and
+    password, for the spans written to Kafka (the config's credentials register the expectations)."""
     console = out or Console()
     k = cfg.kafka
     tree = tool_call_tree(cfg)
@@ -123,7 +131,7 @@ async def run_smoke(
     )
     counter = SpanCountingProcessor()
     provider.add_span_processor(counter)
-    exporter = _span_exporter(cfg, tenant, otlp, timeout_s)
+    exporter = _span_exporter(cfg, tenant, otlp, timeout_s, spans_sasl_env)
     via = f"OTLP/gRPC {otlp.endpoint}" if otlp else f"Kafka {k.bootstrap_servers}, spans topic {k.topics.spans}"
     finished = InMemorySpanExporter()  # exported below, so that a failed write is known here
     provider.add_span_processor(SimpleSpanProcessor(finished))

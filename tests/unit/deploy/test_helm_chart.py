@@ -317,6 +317,18 @@ def test_helm_test_runs_the_smoke_command_with_its_own_credentials(helm: Helm) -
     assert secret_of(c) == {"scorer-sasl"}  # none of its own: the scorer's
     (own,) = kinds(helm.render_docs(sets=[*sasl, "smokeTest.kafkaSasl.existingSecret=smoke-sasl"]), "Pod")
     assert secret_of(own["spec"]["containers"][0]) == {"smoke-sasl"}
+    # Under the ACLs: expectations as the control plane, spans as a span producer (to Kafka directly)
+    (split,) = kinds(helm.render_docs(sets=[*sasl, "smokeTest.kafkaSasl.existingSecret=control-plane",
+                                            "smokeTest.spanProducerSasl.existingSecret=span-producer"]), "Pod")
+    sc = split["spec"]["containers"][0]
+    assert secret_of(sc) == {"control-plane", "span-producer"}
+    env_of = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in sc["env"]}
+    a = sc["args"]
+    assert env_of[a[a.index("--spans-sasl-username-env") + 1]] == "span-producer"
+    assert env_of[a[a.index("--spans-sasl-password-env") + 1]] == "span-producer"
+    assert env_of["TOOLWITNESS_KAFKA_SASL_USERNAME"] == "control-plane"  # the config's credentials
+    assert {"--spans-sasl-username-env", "--spans-sasl-password-env"} <= {
+        opt for param in smoke_cli.params for opt in param.opts}
     assert not kinds(helm.render_docs(sets=["smokeTest.enabled=false"]), "Pod")
 
 
