@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,7 +15,7 @@ import typer
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from collector.config import ServiceConfig
+    from collector.config import KafkaConfig, ServiceConfig
 
 app = typer.Typer(
     help="toolwitness: streaming, three-valued scoring of what an agent's tools actually did.",
@@ -248,13 +249,16 @@ LimitOpt = Annotated[int, typer.Option(help="stop after this many records (0: no
 JsonLinesOpt = Annotated[bool, typer.Option("--json", help="one JSON object per line instead of a table")]
 
 
-def _tail(what: str, config: Path | None, run: Any) -> None:
-    """Load the config (its kafka section: brokers, security, topic names), run ``run(kafka)``,
-    and turn a missing topic, a config error or Ctrl-C into one line and an exit code."""
+def _client_command(
+    what: str, config: Path | None, run: Callable[[ServiceConfig], Coroutine[Any, Any, object]],
+    failures: tuple[type[BaseException], ...],
+) -> None:
+    """A command that talks to a running deployment: load the config (exit 2 on an error), run
+    ``run(cfg)``, and turn one of ``failures`` (or Kafka's, or the network's) into one line and
+    exit 1; Ctrl-C ends it with 0."""
     from aiokafka.errors import KafkaError
 
     from collector.config import ConfigError, load_config
-    from collector.tail import TailError
 
     try:
         cfg = load_config(config)
@@ -262,12 +266,19 @@ def _tail(what: str, config: Path | None, run: Any) -> None:
         typer.echo(f"toolwitness: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
-        asyncio.run(run(cfg.kafka))
+        asyncio.run(run(cfg))
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
-    except (TailError, KafkaError, OSError) as exc:
+    except (*failures, KafkaError, OSError) as exc:
         typer.echo(f"toolwitness {what}: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def _tail(what: str, config: Path | None, run: Callable[[KafkaConfig], Coroutine[Any, Any, object]]) -> None:
+    """The topic readers: only the config's kafka section (brokers, security, topic names)."""
+    from collector.tail import TailError
+
+    _client_command(what, config, lambda cfg: run(cfg.kafka), (TailError,))
 
 
 @app.command()
@@ -342,16 +353,8 @@ def smoke(
     TRUE before the completion marker and FALSE after it, the observation read back. Exit 0 or 1."""
     import os
 
-    from aiokafka.errors import KafkaError
-
-    from collector.config import ConfigError, load_config
     from collector.smoke import OtlpTarget, SmokeError, run_smoke
 
-    try:
-        cfg = load_config(config)
-    except (ConfigError, ValueError) as exc:
-        typer.echo(f"toolwitness: {exc}", err=True)
-        raise typer.Exit(2) from None
     token = os.environ.get(otlp_token_env, "") if otlp_token_env else ""
     if otlp_token_env and not token:
         typer.echo(f"toolwitness smoke: --otlp-token-env {otlp_token_env} is not set", err=True)
@@ -361,11 +364,11 @@ def smoke(
         typer.echo("toolwitness smoke: give --spans-sasl-username-env and --spans-sasl-password-env together", err=True)
         raise typer.Exit(2)
     spans_sasl = (spans_sasl_username_env, spans_sasl_password_env) if spans_sasl_username_env else None
-    try:
-        asyncio.run(run_smoke(cfg, timeout_s=timeout, otlp=otlp, tenant=tenant, spans_sasl_env=spans_sasl))
-    except (SmokeError, KafkaError, OSError, TimeoutError, ValueError) as exc:  # ValueError: a credential unset
-        typer.echo(f"toolwitness smoke: FAILED: {exc}", err=True)
-        raise typer.Exit(1) from None
+    _client_command(  # ValueError: a credential variable not set
+        "smoke: FAILED", config,
+        lambda cfg: run_smoke(cfg, timeout_s=timeout, otlp=otlp, tenant=tenant, spans_sasl_env=spans_sasl),
+        (SmokeError, TimeoutError, ValueError),
+    )
 
 
 @bench_app.command("scoring")

@@ -33,6 +33,7 @@ from rich.console import Console
 from collector.client import ToolwitnessClient
 from collector.config import ServiceConfig
 from collector.otel import KafkaSpanExporter, SpanCountingProcessor
+from collector.tail import status_name
 from collector.wire.gen import score_pb2
 from scoring.models import ScoringExpectation, ToolCallRequirement, ToolsCalled, TraceScorable
 
@@ -59,10 +60,6 @@ def tool_call_tree(cfg: ServiceConfig) -> str:
             return name
     trees = ", ".join(f"{n} ({t.type})" for n, t in cfg.scorers.items()) or "none"
     raise SmokeError(f"no scorer tree of type otel_tool_call in the config (scorers: {trees}): add one to smoke-test")
-
-
-def _status(ev: score_pb2.ScoreEvent) -> str:
-    return {1: "TRUE", 2: "FALSE", 3: "UNDETERMINED"}.get(ev.status, "?")
 
 
 @dataclass(frozen=True)
@@ -163,13 +160,13 @@ async def run_smoke(
             step("expectations", f"{RAN} ran ({ran}), {NEVER_RAN} ran ({never}) registered on {k.topics.control}")
             ev = await _wait(tw, ran, timeout_s, f"'{RAN} ran' (TRUE expected)", cfg)
             if ev.status != 1:
-                raise SmokeError(f"{RAN} ran: {_status(ev)} ({ev.rationale}), expected TRUE")
+                raise SmokeError(f"{RAN} ran: {status_name(ev.status)} ({ev.rationale}), expected TRUE")
             step("score", f"{RAN} ran → TRUE, {ev.time_to_verdict.ToTimedelta().total_seconds() * 1000:.0f} ms "
                           "after registration, before any completion marker")
             await tw.mark_complete(report.trace_id, span_count=counter.pop(report.trace_id))
             ev = await _wait(tw, never, timeout_s, f"'{NEVER_RAN} ran' (FALSE expected after the marker)", cfg)
             if ev.status != 2:
-                raise SmokeError(f"{NEVER_RAN} ran: {_status(ev)} ({ev.rationale}), expected FALSE")
+                raise SmokeError(f"{NEVER_RAN} ran: {status_name(ev.status)} ({ev.rationale}), expected FALSE")
             step("score", f"{NEVER_RAN} ran → FALSE once the marker completed the trace")
             try:
                 obs = await tw.get_observation(ev.observation_ids[0], timeout=timeout_s)

@@ -17,7 +17,7 @@ import json
 from collections.abc import AsyncGenerator, Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from google.protobuf import json_format
@@ -28,21 +28,55 @@ from rich.table import Table
 
 from collector.client import ToolwitnessClient, kafka_security_kwargs, topic_partitions
 from collector.config import KafkaConfig
+from collector.exporters.kafka import (
+    DLQ_DETAIL_HEADER,
+    DLQ_REASON_HEADER,
+    DLQ_SOURCE_HEADER,
+    DLQ_TRUNCATED_HEADER,
+    TENANT_HEADER,
+)
 from collector.wire.convert import decode_score_event, encode, observation_to_proto
 from collector.wire.gen import common_pb2, score_pb2
 
-#: what a dead letter's headers say (collector.exporters.kafka.KafkaExporter.send_dead_letter)
+#: what a dead letter's headers say (KafkaExporter.send_dead_letter writes them)
 DLQ_HEADERS = {
-    "reason": "toolwitness-dlq-reason",
-    "detail": "toolwitness-dlq-detail",
-    "source": "toolwitness-dlq-source",
-    "truncated_from": "toolwitness-dlq-truncated-from",
-    "tenant": "toolwitness-tenant",
+    "reason": DLQ_REASON_HEADER,
+    "detail": DLQ_DETAIL_HEADER,
+    "source": DLQ_SOURCE_HEADER,
+    "truncated_from": DLQ_TRUNCATED_HEADER,
+    "tenant": TENANT_HEADER,
 }
 
 
 #: rows per printed table: a long topic is printed in tables of this many, not held whole
 TABLE_ROWS = 200
+T = TypeVar("T")
+
+
+class _Printer(Generic[T]):
+    """How each record a reader keeps is printed: a JSON line (``--json``), a line as it arrives
+    (``--follow``), else a row of a table printed every ``TABLE_ROWS`` rows and at the end."""
+
+    def __init__(self, console: Console, *, json_out: bool, follow: bool, as_json: Callable[[T], str],
+                 as_line: Callable[[T], str], as_table: Callable[[list[T]], Table]) -> None:
+        self.console, self.json_out, self.follow = console, json_out, follow
+        self.as_json, self.as_line, self.as_table = as_json, as_line, as_table
+        self.rows: list[T] = []
+
+    def add(self, item: T) -> None:
+        if self.json_out:
+            self.console.print(self.as_json(item), markup=False, highlight=False, soft_wrap=True)
+        elif self.follow:  # no table header per row
+            self.console.print(self.as_line(item), highlight=False, soft_wrap=True)
+        else:
+            self.rows.append(item)
+            if len(self.rows) >= TABLE_ROWS:  # bounded memory
+                self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.console.print(self.as_table(self.rows))
+            self.rows = []
 
 
 class TailError(RuntimeError):
@@ -135,20 +169,13 @@ async def show_scores(
 ) -> int:
     """Print the score events of the scores topic (one per ``score_id`` unless ``resends``: a
     re-send after a crash is byte-identical); return how many were printed."""
-    console = out or Console()
+    printer = _Printer(out or Console(), json_out=json_out, follow=tail.follow, as_json=score_json,
+                       as_line=score_line, as_table=score_table)
     seen: set[str] = set()
-    rows: list[score_pb2.ScoreEvent] = []
     printed = 0
-    emit: Callable[[score_pb2.ScoreEvent], None]
-    if json_out:
-        def emit(ev: score_pb2.ScoreEvent) -> None:
-            console.print(score_json(ev), markup=False, highlight=False, soft_wrap=True)
-    else:
-        def emit(ev: score_pb2.ScoreEvent) -> None:
-            rows.append(ev)
     async with contextlib.aclosing(records(k, k.topics.scores, tail)) as recs:
         async for rec in recs:
-            ev = _score_of(rec, console)
+            ev = _score_of(rec, printer.console)
             if ev is None:
                 continue
             if expectations and ev.expectation_id not in expectations:
@@ -158,18 +185,11 @@ async def show_scores(
             if not resends and ev.score_id in seen:
                 continue
             seen.add(ev.score_id)
-            emit(ev)
+            printer.add(ev)
             printed += 1
-            if not json_out and tail.follow:  # one line as each arrives: no header per row
-                console.print(score_line(ev), highlight=False, soft_wrap=True)
-                rows.clear()
-            elif len(rows) >= TABLE_ROWS:  # bounded memory
-                console.print(score_table(rows))
-                rows.clear()
             if printed == tail.limit:
                 break
-    if rows:
-        console.print(score_table(rows))
+    printer.flush()
     return printed
 
 
@@ -182,35 +202,37 @@ def _score_of(rec: ConsumerRecord[bytes, bytes], console: Console) -> score_pb2.
         return None
 
 
-def score_line(ev: score_pb2.ScoreEvent) -> str:
+SCORE_COLUMNS = ("decided at", "tenant", "expectation", "v", "verdict", "time to verdict", "coverage",
+                 "observation", "rationale")
+
+
+def score_cells(ev: score_pb2.ScoreEvent) -> list[str]:
+    """A score as text (rich markup, what came from the record escaped), one cell per column."""
     verdict = status_name(ev.status)
     style = {"TRUE": "green", "FALSE": "red"}.get(verdict, "yellow")
-    ttv = ev.time_to_verdict.ToTimedelta().total_seconds() * 1000
-    at = ev.decided_at.ToDatetime().isoformat(timespec="milliseconds")
-    return (f"{at}Z  {escape(ev.tenant)}/{escape(ev.expectation_id)} "
-            f"v{ev.version}  [{style}]{verdict}[/]  {ttv:.1f} ms  {coverage_text(ev.coverage)}  "
-            f"observation {', '.join(ev.observation_ids)}  {escape(ev.rationale[:200])}")
+    return [
+        ev.decided_at.ToDatetime().isoformat(timespec="milliseconds") + "Z",
+        escape(ev.tenant),
+        escape(ev.expectation_id),
+        f"v{ev.version}",
+        f"[{style}]{verdict}[/]",
+        f"{ev.time_to_verdict.ToTimedelta().total_seconds() * 1000:.1f} ms",
+        coverage_text(ev.coverage),
+        ", ".join(ev.observation_ids),  # whole: `toolwitness observation <id>` takes it
+        escape(ev.rationale[:200]),
+    ]
+
+
+def score_line(ev: score_pb2.ScoreEvent) -> str:
+    return "  ".join(score_cells(ev))
 
 
 def score_table(events: list[score_pb2.ScoreEvent]) -> Table:
     table = Table(show_edge=False)
-    for col in ("decided at", "tenant", "expectation", "v", "verdict", "time to verdict", "coverage",
-                "observation", "rationale"):
+    for col in SCORE_COLUMNS:
         table.add_column(col, overflow="fold")
     for ev in events:
-        verdict = status_name(ev.status)
-        style = {"TRUE": "green", "FALSE": "red"}.get(verdict, "yellow")
-        table.add_row(
-            ev.decided_at.ToDatetime().isoformat(timespec="milliseconds") + "Z",
-            escape(ev.tenant),
-            escape(ev.expectation_id),
-            str(ev.version),
-            f"[{style}]{verdict}[/]",
-            f"{ev.time_to_verdict.ToTimedelta().total_seconds() * 1000:.1f} ms",
-            coverage_text(ev.coverage),
-            ", ".join(ev.observation_ids),  # whole: `toolwitness observation <id>` takes it
-            escape(ev.rationale[:120]),
-        )
+        table.add_row(*score_cells(ev))
     return table
 
 
@@ -276,31 +298,27 @@ async def show_dead_letters(
     k: KafkaConfig, tail: Tail, *, reason: str | None = None, json_out: bool = False, out: Console | None = None
 ) -> int:
     """Print the dead letters of the DLQ topic (``reason``: only those); return how many."""
-    console = out or Console()
-    rows: list[dict[str, Any]] = []
+    printer: _Printer[dict[str, Any]] = _Printer(
+        out or Console(), json_out=json_out, follow=tail.follow, as_json=lambda d: json.dumps(d, sort_keys=True),
+        as_line=lambda d: "  ".join(_dead_letter_cells(d)), as_table=dead_letter_table,
+    )
     printed = 0
     async with contextlib.aclosing(records(k, k.topics.dlq, tail)) as recs:
         async for rec in recs:
             d = dead_letter(rec)
             if reason is not None and d["reason"] != reason:
                 continue
+            printer.add(d)
             printed += 1
-            if json_out:
-                console.print(json.dumps(d, sort_keys=True), markup=False, highlight=False, soft_wrap=True)
-            elif tail.follow:  # one line as each arrives: no header per row
-                console.print(f"{d['source']}  {d['reason']}  tenant={d['tenant']}  key={d['key']}  "
-                              f"{d['bytes']:,} bytes  {d['detail'][:200]}", markup=False, highlight=False,
-                              soft_wrap=True)
-            else:
-                rows.append(d)
-                if len(rows) >= TABLE_ROWS:  # bounded memory
-                    console.print(dead_letter_table(rows))
-                    rows.clear()
             if printed == tail.limit:
                 break
-    if rows:
-        console.print(dead_letter_table(rows))
+    printer.flush()
     return printed
+
+
+def _dead_letter_cells(d: dict[str, Any]) -> list[str]:
+    size = f"{d['bytes']:,}" + (f" of {int(d['truncated_from']):,}" if d["truncated_from"] else "") + " bytes"
+    return [*(escape(x) for x in (d["source"], d["reason"], d["detail"][:200], d["tenant"], d["key"])), size]
 
 
 def dead_letter_table(letters: list[dict[str, Any]]) -> Table:
@@ -308,6 +326,5 @@ def dead_letter_table(letters: list[dict[str, Any]]) -> Table:
     for col in ("source record", "reason", "detail", "tenant", "key", "bytes"):
         table.add_column(col, overflow="fold")
     for d in letters:
-        size = f"{d['bytes']:,}" + (f" of {int(d['truncated_from']):,}" if d["truncated_from"] else "")
-        table.add_row(*(escape(x) for x in (d["source"], d["reason"], d["detail"][:200], d["tenant"], d["key"])), size)
+        table.add_row(*_dead_letter_cells(d))
     return table

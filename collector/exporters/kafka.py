@@ -47,6 +47,12 @@ def kafka_security_kwargs(cfg: KafkaConfig) -> dict[str, Any]:
 #: headers of score records: the tenant, and the encoding of the value (``kafka.output_format``)
 TENANT_HEADER = "toolwitness-tenant"
 CONTENT_TYPE_HEADER = "content-type"
+#: headers a dead letter gets on top of the original record's (``toolwitness dlq`` reads them)
+DLQ_HEADER_PREFIX = "toolwitness-dlq-"
+DLQ_REASON_HEADER = DLQ_HEADER_PREFIX + "reason"
+DLQ_DETAIL_HEADER = DLQ_HEADER_PREFIX + "detail"
+DLQ_SOURCE_HEADER = DLQ_HEADER_PREFIX + "source"
+DLQ_TRUNCATED_HEADER = DLQ_HEADER_PREFIX + "truncated-from"
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,15 +213,15 @@ class KafkaExporter:
 
     async def send_dead_letter(self, d: DeadLetter) -> None:
         value = d.value
-        headers = [h for h in d.headers if not h[0].startswith("toolwitness-dlq-")]
+        headers = [h for h in d.headers if not h[0].startswith(DLQ_HEADER_PREFIX)]
         headers += [
-            ("toolwitness-dlq-reason", d.reason.encode()),
-            ("toolwitness-dlq-detail", d.detail[:512].encode("utf-8", "replace")),
-            ("toolwitness-dlq-source", f"{d.topic}/{d.partition}/{d.offset}".encode()),
+            (DLQ_REASON_HEADER, d.reason.encode()),
+            (DLQ_DETAIL_HEADER, d.detail[:512].encode("utf-8", "replace")),
+            (DLQ_SOURCE_HEADER, f"{d.topic}/{d.partition}/{d.offset}".encode()),
         ]
         room = self._dead_letter_room(d.key, headers)
         if len(value) > room:
-            headers.append(("toolwitness-dlq-truncated-from", str(len(value)).encode()))
+            headers.append((DLQ_TRUNCATED_HEADER, str(len(value)).encode()))
             value = value[:room]
         await self._send(self.cfg.topics.dlq, d.key, value, headers)
 

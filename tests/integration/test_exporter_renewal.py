@@ -64,6 +64,18 @@ async def send_group(producer: AIOKafkaProducer, cfg: ServiceConfig, group: Trac
         await asyncio.gather(*[await producer.send(topic, value=v, key=k.encode()) for k, v in items])
 
 
+async def one_partition_outputs(kafka_bootstrap: str, redis_url: str) -> tuple[ServiceConfig, TraceGroup, TraceGroup]:
+    """A config whose scores and observations topics have one partition each (a refused record
+    holds back all that follow it), a group to warm the service with, and the group the test's
+    refused scores belong to."""
+    cfg = make_config(kafka_bootstrap, redis_url)
+    t = cfg.kafka.topics
+    await create_topic(kafka_bootstrap, t.scores, 1, {})
+    await create_topic(kafka_bootstrap, t.observations, 1, {"cleanup.policy": "compact"})
+    now = int(time.time() * 1000)
+    return cfg, TraceGroup.build("warm", 1, now), TraceGroup.build("g", 1, now)
+
+
 async def published(cfg: ServiceConfig, expected: dict[str, str]) -> bool:
     """Every expectation of ``expected`` has a score on the scores topic, and every observation
     those scores cite is on the observations topic."""
@@ -159,12 +171,8 @@ async def test_readiness_is_lost_while_deliveries_keep_failing_and_comes_back_on
     # log said "sweep recovered" every ~2 s -- the sweep after a failed re-send had nothing due (a
     # decision put back waits RESEND_GRACE_MS), so it succeeded and closed the outage. A sweep that
     # sends nothing says nothing about deliveries: the outage stays open until one succeeds.
-    cfg = make_config(kafka_bootstrap, redis_url)
+    cfg, warm, group = await one_partition_outputs(kafka_bootstrap, redis_url)
     t = cfg.kafka.topics
-    await create_topic(kafka_bootstrap, t.scores, 1, {})
-    await create_topic(kafka_bootstrap, t.observations, 1, {"cleanup.policy": "compact"})
-    warm = TraceGroup.build("warm", 1, int(time.time() * 1000))
-    group = TraceGroup.build("g", 1, int(time.time() * 1000))
     caplog.set_level(logging.INFO, logger="toolwitness.service")
 
     def service_lines(since: int, text: str) -> list[str]:
@@ -212,12 +220,8 @@ async def test_readiness_comes_back_once_nothing_failed_is_still_owed(
     # Measured on the old code: only a delivery that succeeds closed the deliveries outage, so with
     # nothing else to deliver /readyz stayed 503 for good (15 s here, and on).
     monkeypatch.setattr(service_module, "NOT_READY_AFTER_S", 1.0)
-    cfg = make_config(kafka_bootstrap, redis_url)
+    cfg, warm, group = await one_partition_outputs(kafka_bootstrap, redis_url)
     t = cfg.kafka.topics
-    await create_topic(kafka_bootstrap, t.scores, 1, {})
-    await create_topic(kafka_bootstrap, t.observations, 1, {"cleanup.policy": "compact"})
-    warm = TraceGroup.build("warm", 1, int(time.time() * 1000))
-    group = TraceGroup.build("g", 1, int(time.time() * 1000))
     async with running_service(cfg) as service, raw_producer(cfg) as producer:
         await send_group(producer, cfg, warm)
         await read_until(kafka_bootstrap, t.scores, lambda rs: len(records(rs)) >= 2, timeout=30)

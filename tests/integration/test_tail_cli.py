@@ -143,7 +143,7 @@ async def test_following_prints_a_line_per_score(written: tuple[ServiceConfig, T
     assert await show_scores(cfg.kafka, Tail(follow=True, limit=4), out=out) == 4
     lines = text(out).splitlines()
     assert len(lines) == 4 and not any("┃" in line for line in lines)  # no table header per row
-    assert {line.split()[1].split("/")[1] for line in lines} == set(group.verdicts())
+    assert {line.split()[2] for line in lines} == set(group.verdicts())  # at, tenant, expectation, ...
 
 
 async def test_the_commands_run_from_the_shell(written: tuple[ServiceConfig, TraceGroup], tmp_path: Path) -> None:
