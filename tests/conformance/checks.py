@@ -123,34 +123,61 @@ def derive_checks(truth: dict[str, Any]) -> list[Check]:
                 Check(f"{tool} never ran", "never", _called(ToolCallRequirement(name=tool)), "FALSE", invert=True)
             )
             checks.append(
-                Check(f"{tool} ran exactly {n}x", "count",
-                      _called(ToolCallRequirement(name=tool, min_count=n, max_count=n)), "TRUE")
+                Check(
+                    f"{tool} ran exactly {n}x",
+                    "count",
+                    _called(ToolCallRequirement(name=tool, min_count=n, max_count=n)),
+                    "TRUE",
+                )
             )
             checks.append(
-                Check(f"{tool} ran at least {n + 1}x", "count",
-                      _called(ToolCallRequirement(name=tool, min_count=n + 1)), "FALSE")
+                Check(
+                    f"{tool} ran at least {n + 1}x",
+                    "count",
+                    _called(ToolCallRequirement(name=tool, min_count=n + 1)),
+                    "FALSE",
+                )
             )
             raised = [c["raised"] for c in calls if c["tool"] == tool]
             if all(raised):
-                checks.append(Check(f"{tool} failed", "status", _called(ToolCallRequirement(name=tool, status="error")), "TRUE"))
-                checks.append(Check(f"{tool} succeeded", "status", _called(ToolCallRequirement(name=tool, status="ok")), "FALSE"))
+                checks.append(
+                    Check(f"{tool} failed", "status", _called(ToolCallRequirement(name=tool, status="error")), "TRUE")
+                )
+                checks.append(
+                    Check(f"{tool} succeeded", "status", _called(ToolCallRequirement(name=tool, status="ok")), "FALSE")
+                )
             elif not any(raised):
-                checks.append(Check(f"{tool} succeeded", "status", _called(ToolCallRequirement(name=tool, status="ok")), "TRUE"))
-                checks.append(Check(f"{tool} failed", "status", _called(ToolCallRequirement(name=tool, status="error")), "FALSE"))
+                checks.append(
+                    Check(f"{tool} succeeded", "status", _called(ToolCallRequirement(name=tool, status="ok")), "TRUE")
+                )
+                checks.append(
+                    Check(f"{tool} failed", "status", _called(ToolCallRequirement(name=tool, status="error")), "FALSE")
+                )
         else:
             checks.append(
-                Check(f"{tool} absent before completion", "open_absence", _called(ToolCallRequirement(name=tool)),
-                      "UNDETERMINED", complete=False)
+                Check(
+                    f"{tool} absent before completion",
+                    "open_absence",
+                    _called(ToolCallRequirement(name=tool)),
+                    "UNDETERMINED",
+                    complete=False,
+                )
             )
             checks.append(Check(f"ran {tool}", "absence", _called(ToolCallRequirement(name=tool)), "FALSE"))
-            checks.append(Check(f"{tool} never ran", "never", _called(ToolCallRequirement(name=tool)), "TRUE", invert=True))
+            checks.append(
+                Check(f"{tool} never ran", "never", _called(ToolCallRequirement(name=tool)), "TRUE", invert=True)
+            )
     # Arguments: every leaf each call received holds; a value no call of that tool received does not.
     for i, call in enumerate(calls):
         for path, value in leaves(call["arguments"]):
             matcher = ArgumentMatcher(path=path, equals=value)
             checks.append(
-                Check(f"{call['tool']}#{i} {path} == {json.dumps(value)}", "arguments",
-                      _called(ToolCallRequirement(name=call["tool"], arguments=(matcher,))), "TRUE")
+                Check(
+                    f"{call['tool']}#{i} {path} == {json.dumps(value)}",
+                    "arguments",
+                    _called(ToolCallRequirement(name=call["tool"], arguments=(matcher,))),
+                    "TRUE",
+                )
             )
     for tool in TOOLS:
         received = [c["arguments"] for c in calls if c["tool"] == tool]
@@ -161,15 +188,25 @@ def derive_checks(truth: dict[str, Any]) -> list[Check]:
                 continue
             wrong = value + "-never-received"
             checks.append(
-                Check(f"{tool} {path} == {json.dumps(wrong)}", "arguments_mismatch",
-                      _called(ToolCallRequirement(name=tool, arguments=(ArgumentMatcher(path=path, equals=wrong),))),
-                      "FALSE")
+                Check(
+                    f"{tool} {path} == {json.dumps(wrong)}",
+                    "arguments_mismatch",
+                    _called(ToolCallRequirement(name=tool, arguments=(ArgumentMatcher(path=path, equals=wrong),))),
+                    "FALSE",
+                )
             )
     # Order: the whole run exactly, each ordered pair as a subsequence (held or not).
     if order:
-        checks.append(Check(f"exactly {order}", "sequence", _expect(ToolSequence(tools=tuple(order), mode="exact")), "TRUE"))
         checks.append(
-            Check(f"exactly {order[:-1]}", "sequence", _expect(ToolSequence(tools=tuple(order[:-1]) or ("send_email",), mode="exact")), "FALSE")
+            Check(f"exactly {order}", "sequence", _expect(ToolSequence(tools=tuple(order), mode="exact")), "TRUE")
+        )
+        checks.append(
+            Check(
+                f"exactly {order[:-1]}",
+                "sequence",
+                _expect(ToolSequence(tools=tuple(order[:-1]) or ("send_email",), mode="exact")),
+                "FALSE",
+            )
         )
         names = list(dict.fromkeys(order))
         for a in names:
@@ -178,8 +215,12 @@ def derive_checks(truth: dict[str, Any]) -> list[Check]:
                     continue
                 held = _is_subsequence([a, b], order)
                 checks.append(
-                    Check(f"{a} then {b}", "sequence", _expect(ToolSequence(tools=(a, b), mode="subsequence")),
-                          "TRUE" if held else "FALSE")
+                    Check(
+                        f"{a} then {b}",
+                        "sequence",
+                        _expect(ToolSequence(tools=(a, b), mode="subsequence")),
+                        "TRUE" if held else "FALSE",
+                    )
                 )
     return checks
 

@@ -27,7 +27,10 @@ TOOLS = ("get_weather", "book_trip", "fail_tool", "send_email")
 #: what the scripted model asks for, in this order (the agent runs them one after the other)
 SCRIPT: tuple[tuple[str, dict[str, Any]], ...] = (
     ("get_weather", {"city": "Paris", "units": "metric"}),
-    ("book_trip", {"trip": {"city": "Rome", "dates": {"from": "2026-05-01", "to": "2026-05-04"}, "travellers": ["ada", "bob"]}}),
+    (
+        "book_trip",
+        {"trip": {"city": "Rome", "dates": {"from": "2026-05-01", "to": "2026-05-04"}, "travellers": ["ada", "bob"]}},
+    ),
     ("get_weather", {"city": "Rome", "units": "metric"}),
     ("fail_tool", {"reason": "boom"}),
 )

@@ -16,7 +16,12 @@ that is a nested model, dumped back to the plain dict by CrewAI's own validation
   ``CrewStructuredTool.invoke`` (which calls ``BaseTool._run``, not the wrapped ``BaseTool.run``).
   ``ToolUsage`` re-invokes a raising tool (an inner retry with the unfiltered arguments, and up to three
   ``use`` attempts), so the truth holds every run of the ``fail_tool`` body.
+- ``openinference_events`` / ``openinference_react_events``: the same two runs with the instrumentor's
+  other mode, ``instrument(use_event_listener=True)``: spans built from CrewAI's event bus
+  (``ToolUsageStarted/Finished/ErrorEvent``, ``LLMCall*Event``) instead of wrapped methods.
 
+The scripted model emits ``LLMCallStartedEvent``/``LLMCallCompletedEvent`` in an ``llm_call_context`` as
+CrewAI's own providers do (only the event-listener mode turns them into LLM spans).
 CrewAI's own telemetry, its tracing to its platform, and its last-run recording are switched off by
 environment (set before CrewAI is imported); the tool cache is CrewAI's default (off: ``Crew.cache`` is
 opt-in). Every model turn's input messages (roles and tool results) go to ``witness.notes``.
@@ -30,10 +35,9 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, Literal
 
+from _witness import FINAL_ANSWER, SCRIPT, Witness
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
-
-from _witness import FINAL_ANSWER, SCRIPT, Witness
 
 # CrewAI reads these when it is imported (anonymous telemetry to its host, platform tracing, the
 # first-run prompt, files written in the working directory): set them first, never to the network.
@@ -49,7 +53,8 @@ _QUIET_ENV = {
 def _quiet_crewai() -> None:
     for key, value in _QUIET_ENV.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("CREWAI_STORAGE_DIR", tempfile.mkdtemp(prefix="crewai-conformance-"))
+    # a project name for appdirs; absolute, so anything CrewAI stores lands there, not under ~/.local/share
+    os.environ.setdefault("CREWAI_STORAGE_DIR", os.path.join(tempfile.gettempdir(), "crewai-conformance"))
     os.environ.pop("OTEL_SDK_DISABLED", None)  # it would also switch off the SDK provider we read
 
 
@@ -233,7 +238,7 @@ def _run(provider: TracerProvider, witness: Witness, *, native: bool, events: bo
             verbose=False,
         )
         task = Task(
-            description="Check the weather in Paris, book a trip to Rome, check the weather there, then call fail_tool.",
+            description="Check the weather in Paris, book a trip to Rome, check the weather there, call fail_tool.",
             expected_output="The word done.",
             agent=agent,
         )
@@ -243,7 +248,8 @@ def _run(provider: TracerProvider, witness: Witness, *, native: bool, events: bo
         witness.notes["native_tool_calling"] = native
         witness.notes["instrumentation_mode"] = "event_listener" if events else "wrappers"
         witness.notes["tool_body_runs"] = {
-            tool: sum(1 for c in witness.calls if c["tool"] == tool) for tool in ("get_weather", "book_trip", "fail_tool")
+            tool: sum(1 for c in witness.calls if c["tool"] == tool)
+            for tool in ("get_weather", "book_trip", "fail_tool")
         }
     finally:
         instrumentor.uninstrument()

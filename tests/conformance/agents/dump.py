@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
         print(
             f"--- {s.name!r} span={s.span_id.hex()} parent={s.parent_span_id.hex() or '-'} "
             f"trace={s.trace_id.hex()[:8]} t=+{(s.start_time_unix_nano - t0) / 1e6:.1f}ms "
-            f"dur={(s.end_time_unix_nano - s.start_time_unix_nano) / 1e6:.1f}ms status={s.status.code} {s.status.message!r}"
+            f"dur={(s.end_time_unix_nano - s.start_time_unix_nano) / 1e6:.1f}ms "
+            f"status={s.status.code} {s.status.message!r}"
         )
         for k in sorted(attrs):
             text = json.dumps(attrs[k]) if not isinstance(attrs[k], str) else attrs[k]

@@ -22,7 +22,11 @@ Scenarios: ``openinference`` / ``openllmetry`` / ``both`` (sync ``invoke``, sync
 ``openinference_single_arg`` (as ``openinference``, but ``fail_tool`` is a classic single-input
 ``Tool``); ``intercept_async`` (async tools, ``ainvoke``, each body then reports its result through
 ``collector.boundary.intercept_tool``); ``middleware`` (async tools whose bodies run through
-``collector.boundary.make_tool_middleware``).
+``collector.boundary.make_tool_middleware``). Extras: ``intercept_sync`` (``intercept_async`` with sync
+tools and ``invoke``), ``intercept_async_openllmetry`` (``intercept_async`` under OpenLLMetry),
+``openinference_handle_tool_error`` (the tool's own ``handle_tool_error``). The intercept scenarios
+note in ``body_context`` which span each tool body ran under (OpenTelemetry's current span, and
+OpenInference's ``get_current_span()``).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from _witness import FINAL_ANSWER, SCRIPT, ToolFailed, Witness
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import Runnable
-from langchain_core.tools import BaseTool, StructuredTool, Tool
+from langchain_core.tools import BaseTool, StructuredTool, Tool, ToolException
 from langgraph.prebuilt import ToolNode, create_react_agent
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -79,7 +83,7 @@ Call = Callable[[str, dict[str, Any]], Any]
 ACall = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
-def sync_tools(call: Call, *, classic_fail_tool: bool = False) -> list[BaseTool]:
+def sync_tools(call: Call, *, classic_fail_tool: bool = False, tool_handles_error: bool = False) -> list[BaseTool]:
     def get_weather(city: str, units: str) -> str:
         """Current weather in a city."""
         return call("get_weather", {"city": city, "units": units})
@@ -101,8 +105,14 @@ def sync_tools(call: Call, *, classic_fail_tool: bool = False) -> list[BaseTool]
         if classic_fail_tool
         else StructuredTool.from_function(fail_tool)
     )
-    return [StructuredTool.from_function(get_weather), StructuredTool.from_function(book_trip), fail,
-            StructuredTool.from_function(send_email)]
+    if tool_handles_error:
+        fail.handle_tool_error = True
+    return [
+        StructuredTool.from_function(get_weather),
+        StructuredTool.from_function(book_trip),
+        fail,
+        StructuredTool.from_function(send_email),
+    ]
 
 
 def async_tools(call: ACall) -> list[BaseTool]:
@@ -132,6 +142,18 @@ def plain(w: Witness) -> Call:
     return call
 
 
+def tool_exceptions(w: Witness) -> Call:
+    """The bodies, a failure re-raised as LangChain's ``ToolException`` (what ``handle_tool_error`` catches)."""
+
+    def call(name: str, arguments: dict[str, Any]) -> Any:
+        try:
+            return getattr(w, name)(**arguments)
+        except ToolFailed as e:
+            raise ToolException(str(e)) from e
+
+    return call
+
+
 def witness_dispatch(w: Witness) -> ACall:
     async def dispatch(name: str, arguments: dict[str, Any]) -> Any:
         return getattr(w, name)(**arguments)
@@ -144,18 +166,22 @@ def _note_context(w: Witness, name: str) -> None:
     ``get_current_span()`` (the span of the current LangChain run) sees it: evidence for how a
     boundary span made in the body gets its parent."""
     otel = trace.get_current_span().get_span_context()
+    oi = None
     try:
-        from openinference.instrumentation.langchain import get_current_span
+        from openinference.instrumentation.langchain import LangChainInstrumentor, get_current_span
 
-        oi = get_current_span()
-    except Exception:  # not instrumented
-        oi = None
+        if LangChainInstrumentor().is_instrumented_by_opentelemetry:
+            oi = get_current_span()
+    except Exception:
+        pass
     oi_ctx = oi.get_span_context() if oi is not None else None
-    w.notes.setdefault("body_context", []).append({
-        "tool": name,
-        "otel_current_span": f"{otel.trace_id:032x}/{otel.span_id:016x}" if otel.is_valid else None,
-        "openinference_current_span": f"{oi_ctx.trace_id:032x}/{oi_ctx.span_id:016x}" if oi_ctx else None,
-    })
+    w.notes.setdefault("body_context", []).append(
+        {
+            "tool": name,
+            "otel_current_span": f"{otel.trace_id:032x}/{otel.span_id:016x}" if otel.is_valid else None,
+            "openinference_current_span": f"{oi_ctx.trace_id:032x}/{oi_ctx.span_id:016x}" if oi_ctx else None,
+        }
+    )
 
 
 def intercepting(w: Witness) -> ACall:
@@ -167,11 +193,13 @@ def intercepting(w: Witness) -> ACall:
         try:
             result = getattr(w, name)(**arguments)
         except ToolFailed as e:
-            await intercept_tool(tool_name=name, tool_arguments=json.dumps(arguments), result={"error": str(e)},
-                                 session_id=SESSION_ID)
+            await intercept_tool(
+                tool_name=name, tool_arguments=json.dumps(arguments), result={"error": str(e)}, session_id=SESSION_ID
+            )
             raise
-        return await intercept_tool(tool_name=name, tool_arguments=json.dumps(arguments), result=result,
-                                    session_id=SESSION_ID)
+        return await intercept_tool(
+            tool_name=name, tool_arguments=json.dumps(arguments), result=result, session_id=SESSION_ID
+        )
 
     return call
 
@@ -272,6 +300,14 @@ def openinference_single_arg(provider: TracerProvider, w: Witness) -> None:
     instrumented(provider, _openinference)(lambda: run_sync(w, sync_tools(plain(w), classic_fail_tool=True)))
 
 
+def openinference_handle_tool_error(provider: TracerProvider, w: Witness) -> None:
+    """Extra: the tool's own ``handle_tool_error=True`` (its body raises ``ToolException``) instead of
+    the ToolNode's: LangChain then ends the tool run as a success whose ToolMessage says ``status="error"``."""
+    w.notes["instrumentation"] = "openinference"
+    w.notes["fail_tool_error_handling"] = "StructuredTool(handle_tool_error=True), body raises ToolException"
+    instrumented(provider, _openinference)(lambda: run_sync(w, sync_tools(tool_exceptions(w), tool_handles_error=True)))
+
+
 def intercept_async(provider: TracerProvider, w: Witness) -> None:
     os.environ["TOOLWITNESS_TOOL_INTERCEPT"] = "true"
     w.notes["instrumentation"] = "openinference+intercept_tool"
@@ -310,4 +346,5 @@ SCENARIOS: dict[str, Callable[[TracerProvider, Witness], None]] = {
     "middleware": middleware,
     "intercept_sync": intercept_sync,
     "intercept_async_openllmetry": intercept_async_openllmetry,
+    "openinference_handle_tool_error": openinference_handle_tool_error,
 }

@@ -7,13 +7,14 @@ processor (which exports to OpenAI's backend) is removed first with ``set_trace_
 instrumentors replace the processor list with their own, so nothing leaves the process.
 
 The model is the SDK's own test double, ``agents.testing.ScriptedModel``, wrapped so that each turn leaves the
-span the SDK's default model (``OpenAIResponsesModel``) leaves: a ``response`` span with the input items and the
-``Response`` (model ``scripted-responses``) whose output items are the scripted ones: one ``function_call`` output item per turn,
-in ``SCRIPT`` order with call ids ``call_1``..``call_4``, then the text ``FINAL_ANSWER``. The tools are
+span the SDK's default model (``OpenAIResponsesModel``) leaves: a ``response`` span holding the turn's input items
+and a ``Response`` (model ``scripted-responses``) whose output items are the scripted ones. One ``function_call``
+per turn, in ``SCRIPT`` order with call ids ``call_1``..``call_4``, then the text ``FINAL_ANSWER``. The tools are
 ``function_tool``-decorated async functions with typed signatures (``book_trip(trip: Trip)``, a nested
 ``TypedDict``), so the SDK builds a strict JSON schema, validates the model's arguments against it and calls the
 body with plain values. ``fail_tool`` raises; the SDK's default ``failure_error_function`` turns that into an
-error message for the model, so the run continues (``witness.notes["aborted_on_error"] = False``).
+error message for the model (and redacts the error text on the span), so the run continues
+(``witness.notes["aborted_on_error"] = False``).
 
 Scenarios:
   ``openinference`` / ``openllmetry``: one agent running the SCRIPT.
@@ -31,14 +32,13 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from typing_extensions import TypedDict
-
 from _witness import FINAL_ANSWER, SCRIPT, ToolFailed, Witness
 from agents import Agent, FunctionTool, ModelResponse, Runner, function_tool, response_span, set_trace_processors
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 from openai.types.responses import Response, ResponseUsage
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from opentelemetry.sdk.trace import TracerProvider
+from typing_extensions import TypedDict
 
 SESSION_ID = "conf-session"
 MODEL_NAME = "scripted-responses"
