@@ -46,6 +46,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -97,6 +98,12 @@ POISONED = "toolwitness.poisoning.poisoned"
 POISONING_CANARY = "toolwitness.poisoning.canary"
 POISONING_CAMPAIGN = "toolwitness.poisoning.campaign_id"
 INTERCEPT_ERROR = "toolwitness.tool.intercept.error"
+#: where the call id came from: ``given`` (the caller's ``call_id``) and ``enclosing`` (the
+#: framework's tool span this call runs in) are recorded; ``none`` (that span records the same call
+#: without an id) and ``generated`` (no id known) are not: an invented id would make this record
+#: and the framework's look like two calls (the invented one is only sent to the poisoning service)
+CALL_ID_SOURCE = "toolwitness.tool.call.id_source"
+ERROR_TYPE = "error.type"
 INTERCEPT_SKIPPED = "toolwitness.tool.intercept.skipped"
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -324,16 +331,43 @@ def _report_failure(exc: BaseException) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _start_span(tracer: Tracer | None, tool_name: str) -> contextlib.AbstractContextManager[Span]:
-    return _tool_span(tracer if tracer is not None else trace.get_tracer("toolwitness.boundary"), tool_name)
+#: Instrumentations that keep their tool span out of the OpenTelemetry context (the tool body runs
+#: with no current span, so the boundary's span would start a trace of its own): the module and the
+#: function that returns their current span. Asked only when the process already imported them.
+ENCLOSING_SPAN_HOOKS: tuple[tuple[str, str], ...] = (("openinference.instrumentation.langchain", "get_current_span"),)
+
+
+def _enclosing_span() -> Span:
+    """The span the tool call runs in: the current one, or one an instrumentation keeps aside."""
+    current = trace.get_current_span()
+    if current.get_span_context().is_valid:
+        return current
+    for module, function in ENCLOSING_SPAN_HOOKS:
+        get = getattr(sys.modules.get(module), function, None)
+        if get is None:
+            continue
+        try:
+            span = get()
+        except Exception:
+            continue
+        if isinstance(span, Span) and span.get_span_context().is_valid:
+            return span
+    return current
+
+
+def _start_span(tracer: Tracer | None, tool_name: str, parent: Span) -> contextlib.AbstractContextManager[Span]:
+    return _tool_span(tracer if tracer is not None else trace.get_tracer("toolwitness.boundary"), tool_name, parent)
 
 
 @contextlib.contextmanager
-def _tool_span(t: Tracer, tool_name: str) -> Iterator[Span]:
-    parent = trace.get_current_span()
+def _tool_span(t: Tracer, tool_name: str, parent: Span) -> Iterator[Span]:
     # Status is set explicitly (a cancelled intercept is not a failed tool).
     with t.start_as_current_span(
-        f"execute_tool {tool_name}", kind=SpanKind.INTERNAL, record_exception=False, set_status_on_exception=False
+        f"execute_tool {tool_name}",
+        context=trace.set_span_in_context(parent),
+        kind=SpanKind.INTERNAL,
+        record_exception=False,
+        set_status_on_exception=False,
     ) as span:
         if not span.is_recording() and parent.is_recording():
             _warn_unrecorded(tool_name)
@@ -355,12 +389,14 @@ def _warn_unrecorded(tool_name: str) -> None:
     )
 
 
-def _record_call(span: Span, *, tool_name: str, call_id: str, tool_arguments: str, session_id: str,
+def _record_call(span: Span, *, tool_name: str, call_id: CallId, tool_arguments: str, session_id: str,
                  policy: CapturePolicy, inexact: bool = False) -> None:
     span.set_attribute(GEN_AI_OPERATION, "execute_tool")
     if tool_name:  # else recorded unnamed: some tool ran, so no tool's absence is provable
         span.set_attribute(GEN_AI_TOOL_NAME, tool_name)
-    span.set_attribute(GEN_AI_CALL_ID, call_id)
+    if call_id.recorded:
+        span.set_attribute(GEN_AI_CALL_ID, call_id.value)
+    span.set_attribute(CALL_ID_SOURCE, call_id.source)
     if session_id:
         span.set_attribute(GEN_AI_CONVERSATION, session_id)
     args, partial = policy.arguments(tool_arguments)
@@ -420,6 +456,7 @@ async def intercept_tool(
     session_id: str,
     tracer: Tracer | None = None,
     call_id: str | None = None,
+    error: BaseException | str | None = None,
     timeout_s: float = 0.5,
     policy: CapturePolicy | None = None,
     endpoint: str | None = None,
@@ -435,6 +472,11 @@ async def intercept_tool(
     plaintext, or ``host:port``). Never raises (except cancellation): on any error the real
     ``result`` is returned. The tool has already run, so its span starts now: to record the
     tool's own time (and the tools it calls as its children) use ``make_tool_middleware``.
+
+    ``error``: the tool failed (the exception it raised, or a description): the span records a
+    failed call (``error.type``, status ERROR), whatever ``result`` the agent is given instead.
+    ``call_id``: the framework's id of the call; when left out, the id of the framework's tool span
+    this call runs in, if that span records the same tool (the two records are then one call).
     """
     env: Mapping[str, str] = os.environ
     if not intercept_enabled(env):
@@ -453,13 +495,16 @@ async def intercept_tool(
         if not isinstance(tool_arguments, str):
             problems.append(f"tool_arguments must be a JSON string, not {type(tool_arguments).__name__}")
         pol = policy or _DEFAULT_POLICY
-        cid = call_id or _enclosing_call_id(name) or f"call_{uuid.uuid4().hex}"
-        span_cm = _start_span(tracer, name)
+        parent = _enclosing_span()
+        cid = _call_id(call_id, name, parent)
+        span_cm = _start_span(tracer, name, parent)
     except Exception as exc:
         log.warning("%s: not intercepting a tool call: %s", COMPONENT, exc, extra=_EXTRA)
         return result
     with span_cm as span:
         _safe_record_call(span, name, cid, args, sid, pol, args_inexact)
+        if error is not None:
+            _record_failure(span, error)
         target: _Target | None = None
         if problems:
             log.warning("%s: tool call recorded, not offered for poisoning: %s", COMPONENT, "; ".join(problems),
@@ -471,7 +516,16 @@ async def intercept_tool(
             except Exception as exc:
                 log.warning("%s: tool call recorded, not offered for poisoning: %s", COMPONENT, exc, extra=_EXTRA)
                 span.set_attribute(INTERCEPT_ERROR, "refused")
-        return await _deliver(span, name, args, result, sid, cid, target, timeout_s, pol)
+        return await _deliver(span, name, args, result, sid, cid.value, target, timeout_s, pol)
+
+
+def _record_failure(span: Span, error: BaseException | str) -> None:
+    kind = type(error).__qualname__ if isinstance(error, BaseException) else (str(error)[:128] or "error")
+    try:
+        span.set_attribute(ERROR_TYPE, kind)
+        span.set_status(StatusCode.ERROR, kind)
+    except Exception as exc:
+        log.debug("%s: recording the failure failed: %r", COMPONENT, exc, extra=_EXTRA)
 
 
 def _arguments_text(tool_arguments: object) -> tuple[str, bool]:
@@ -485,24 +539,48 @@ def _arguments_text(tool_arguments: object) -> tuple[str, bool]:
         return json.dumps(tool_arguments, ensure_ascii=False, default=str), True
 
 
-def _enclosing_call_id(tool_name: str) -> str | None:
-    """The call id of the span this call runs in, when that span records the same tool's call (a
-    framework's tool span around the tool function): the two records are then one call, counted once."""
-    enclosing = trace.get_current_span()
+@dataclass(frozen=True, slots=True)
+class CallId:
+    """The call id a boundary record carries: ``value`` (also sent to the poisoning service),
+    whether the span records it, and where it came from (``CALL_ID_SOURCE``)."""
+
+    value: str
+    recorded: bool
+    source: str
+
+
+def _call_id(given: str | None, tool_name: str, parent: Span) -> CallId:
+    if given:
+        return CallId(given, True, "given")
+    same_tool, enclosing = _enclosing_call_id(tool_name, parent)
+    if enclosing:
+        return CallId(enclosing, True, "enclosing")
+    # Not recorded: the framework may record this call without an id (or write its span's
+    # attributes only when it ends), and an invented id would make the two records two calls.
+    return CallId(f"call_{uuid.uuid4().hex}", False, "none" if same_tool else "generated")
+
+
+def _enclosing_call_id(tool_name: str, enclosing: Span) -> tuple[bool, str | None]:
+    """Whether the span this call runs in records the same tool's call (a framework's tool span
+    around the tool function), and the call id it records, if any."""
     attrs = getattr(enclosing, "attributes", None)  # SDK spans; others keep theirs to themselves
     if not tool_name or not attrs or not enclosing.is_recording():
-        return None
+        return False, None
+    scope = getattr(getattr(enclosing, "instrumentation_scope", None), "name", "") or ""
     try:
-        rules = span_rules(attrs, status_error=False, ended=False, sampled=True, dropped=False)
+        rules = span_rules(attrs, status_error=False, ended=False, sampled=True, dropped=False, scope=scope,
+                           span_name=getattr(enclosing, "name", "") or "")
     except Exception:
-        return None
-    return rules.call_id if rules.name == tool_name and rules.call_id else None
+        return False, None
+    if rules.name != tool_name:
+        return False, None
+    return True, rules.call_id
 
 
 def _safe_record_call(
     span: Span,
     tool_name: str,
-    call_id: str,
+    call_id: CallId,
     tool_arguments: str,
     session_id: str,
     policy: CapturePolicy,
@@ -668,7 +746,8 @@ def make_tool_middleware(
         try:
             pol = policy or _DEFAULT_POLICY
             args, inexact = _arguments_text(dict(arguments))
-            span_cm = _start_span(tracer, name)
+            parent = _enclosing_span()
+            span_cm = _start_span(tracer, name, parent)
         except Exception as exc:
             log.warning("%s: not tracing a tool call: %s", COMPONENT, exc, extra=_EXTRA)
             return await dispatch(name, arguments)
@@ -685,7 +764,7 @@ def make_tool_middleware(
         except Exception as exc:
             problem = str(exc) or type(exc).__name__
         # Read before this call's own span becomes the current one.
-        cid = _enclosing_call_id(name) or f"call_{uuid.uuid4().hex}"
+        cid = _call_id(None, name, parent)
         # The span is open while the tool runs: its times are the tool's, and the tools it calls
         # are its children (not siblings recorded after it, in the order they finished).
         with span_cm as span:
@@ -696,11 +775,10 @@ def make_tool_middleware(
             try:
                 result = await dispatch(name, arguments)
             except BaseException as exc:  # a cancelled tool ran too: its span is recorded, as failed
-                span.set_attribute("error.type", type(exc).__qualname__)
-                span.set_status(StatusCode.ERROR, type(exc).__qualname__)
+                _record_failure(span, exc)
                 raise
             try:
-                return await _deliver(span, name, args, result, sid, cid, target, timeout_s, pol)
+                return await _deliver(span, name, args, result, sid, cid.value, target, timeout_s, pol)
             except Exception:
                 return result  # fail open: never break the agent
 

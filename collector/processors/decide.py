@@ -92,6 +92,7 @@ def _cut_arguments(e: ToolExecution, max_chars: int) -> ToolExecution:
         CaptureState.TRUNCATED,
         e.convention,
         e.delivered_canary,
+        e.recorder,
     )
 
 

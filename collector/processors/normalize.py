@@ -48,8 +48,8 @@ def pack_execution(e: ToolExecution, args: str | None, state: CaptureState, dige
 
     ``[span_id, name, failed 0/1 (2 = not known), start ns, end - start ns ("" = not ended; both strings:
     Lua numbers are doubles), capture code 0 captured / 1 absent / 2 truncated, arguments, call id,
-    openinference 0/1, delivered canary, digest of the arguments before the cut]``; trailing defaults
-    (empty call id, GenAI convention, no canary, not cut) are left off.
+    openinference 0/1, delivered canary, digest of the arguments before the cut, recorder]``; trailing
+    defaults (empty call id, GenAI convention, no canary, not cut, no recorder) are left off.
     """
     return pack_tool(
         short_id(e.span_id),
@@ -63,6 +63,7 @@ def pack_execution(e: ToolExecution, args: str | None, state: CaptureState, dige
         e.convention == "openinference",
         e.delivered_canary,
         digest,
+        e.recorder,
     )
 
 
@@ -78,6 +79,7 @@ def pack_tool(
     openinference: bool,
     delivered: str | None = None,
     digest: str | None = None,
+    recorder: str | None = None,
 ) -> list[Any]:
     """``pack_execution`` from plain values (``span_id`` already short, ``end_ns`` 0 = not ended)."""
     x: list[Any] = [
@@ -92,7 +94,9 @@ def pack_tool(
         args or "",
     ]
     # trailing defaults left off: call id "" and convention 0 (unless what follows is given), no canary
-    if digest:
+    if recorder:
+        x += (call_id or "", 1 if openinference else 0, delivered or "", digest or "", recorder)
+    elif digest:
         x += (call_id or "", 1 if openinference else 0, delivered or "", digest)
     elif delivered:
         x += (call_id or "", 1 if openinference else 0, delivered)
@@ -148,6 +152,7 @@ def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
     call_id = x[7] if len(x) > 7 else ""
     conv = x[8] if len(x) > 8 else 0
     delivered = x[9] if len(x) > 9 else None
+    recorder = x[11] if len(x) > 11 else None
     state = _CAPTURE_STATES[int(code)]
     begin = int(start)
     if isinstance(dur, str):  # end - start in ns, "" = not ended
@@ -168,6 +173,7 @@ def unpack_execution(x: list[Any], trace_id: str) -> ToolExecution:
         state,
         "openinference" if conv else "gen_ai",
         delivered or None,
+        recorder or None,
     )
 
 

@@ -214,7 +214,7 @@ def decode_span_record(value: bytes, headers: Sequence[tuple[str, bytes]], cfg: 
                     )
                     continue
                 try:
-                    out.spans.append((tenant, from_otlp_span(span, resource)))
+                    out.spans.append((tenant, from_otlp_span(span, resource, ss.scope.name)))
                 except SpanDecodeError as exc:
                     out.rejected.append((tenant, trace_hex, "invalid_span", str(exc)))
     if not out.spans and out.rejected:
@@ -436,6 +436,7 @@ def decode_span_facts(
             continue
         resource_session = session_of(no_attrs, resource) or ""
         for ss in rs.scope_spans[:]:
+            scope = ss.scope.name
             for span in ss.spans[:]:
                 trace_id = span.trace_id
                 if trace_id != last_trace:  # the spans of a record mostly share one trace
@@ -462,6 +463,8 @@ def decode_span_facts(
                     ended=end > 0,
                     sampled=sampled,
                     dropped=span.dropped_attributes_count > 0,
+                    scope=scope,
+                    span_name=span.name,
                 )
                 # 8 bytes in base64url without padding: short_id() of the same id in hex.
                 short = b64(span_id, newline=False).translate(_B64URL, b"=").decode()
@@ -484,6 +487,7 @@ def decode_span_facts(
                         rules.convention == "openinference",
                         rules.delivered,
                         full_digest(full) if full is not None and args != full else None,
+                        rules.recorder,
                     )
                 fact = {
                     "i": short,

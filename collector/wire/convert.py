@@ -388,6 +388,7 @@ def execution_to_proto(e: ToolExecution) -> common_pb2.ToolExecution:
         arguments_state=_CAPTURE[e.arguments_state],
         convention=e.convention,
         delivered_canary=e.delivered_canary or "",
+        recorder=e.recorder or "",
     )
 
 
@@ -404,6 +405,7 @@ def execution_from_proto(p: common_pb2.ToolExecution) -> ToolExecution:
         arguments_state=_CAPTURE_BACK.get(p.arguments_state, CaptureState.ABSENT),
         convention="openinference" if p.convention == "openinference" else "gen_ai",
         delivered_canary=p.delivered_canary or None,
+        recorder=p.recorder or None,
     )
 
 
@@ -432,6 +434,7 @@ def observation_to_proto(o: Observation) -> score_pb2.Observation:
             arguments_state=_CAPTURE[d["arguments_state"]],
             convention=d["convention"],
             delivered_canary=d["delivered_canary"] or "",
+            recorder=d["recorder"] or "",
         )
     set_timestamp(msg.captured_at, o.captured_at)
     return msg

@@ -15,7 +15,9 @@ from scoring.models.scorables import AnyScorable
 
 #: "2": an OpenInference TOOL span's arguments are ``input.value`` before ``tool.parameters``.
 #: "3": an execution records the poisoning canary its result delivered (``delivered_canary``).
-NORMALIZATION_VERSION = "3"
+#: "4": attributes and argument envelopes per instrumentation (``scoring.normalize.conventions``);
+#: an execution records the instrumentation scope that wrote it (``recorder``).
+NORMALIZATION_VERSION = "4"
 
 # Reasons why coverage is not complete. Any of them makes absence unprovable.
 AWAITING_COMPLETION = "awaiting_completion"
@@ -31,6 +33,8 @@ LATE_SPAN = "late_span_after_completion"
 RETENTION_EXPIRED = "retention_expired"
 STATE_LOST = "state_lost"
 LIMIT_EXCEEDED = "limit_exceeded"
+#: the trace was written by an instrumentation known to leave some executions unrecorded
+EXECUTIONS_NOT_RECORDED = "executions_not_recorded"
 #: the scope names no trace yet (a message whose target had tracing off, or no id linked).
 NO_TRACE_LINKED = "no_trace_linked"
 
@@ -63,6 +67,9 @@ class ToolExecution(_Frozen):
     #: the poisoning canary this execution's result delivered to the agent (the tool boundary's
     #: ``toolwitness.poisoning.canary``): what makes "the canary did not propagate" a finding
     delivered_canary: str | None = None
+    #: the instrumentation scope (tracer name) that wrote the record: records of one call by two
+    #: instrumentations are told apart from two calls by it
+    recorder: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -82,10 +89,11 @@ class ToolExecution(_Frozen):
         arguments_state: CaptureState,
         convention: Literal["gen_ai", "openinference"],
         delivered_canary: str | None = None,
+        recorder: str | None = None,
     ) -> ToolExecution:
         """An execution rebuilt from values that were validated when first seen (stored state).
 
-        No validation, and no default but ``delivered_canary`` (rare): every other field is given.
+        No validation, and no default but ``delivered_canary`` and ``recorder``: every other field is given.
         Equal to the validated model of the same values; about ten times cheaper than
         ``model_construct`` (the streaming service rebuilds every execution of a trace for each
         decision).
@@ -103,6 +111,7 @@ class ToolExecution(_Frozen):
             "arguments_state": arguments_state,
             "convention": convention,
             "delivered_canary": delivered_canary,
+            "recorder": recorder,
         }
         object.__setattr__(m, "__dict__", values)
         object.__setattr__(m, "__pydantic_fields_set__", set(values))
@@ -129,6 +138,7 @@ def execution_order(e: ToolExecution) -> tuple[object, ...]:
         e.convention,
         e.delivered_canary is not None,
         e.delivered_canary or "",
+        e.recorder or "",
     )
 
 
@@ -178,12 +188,16 @@ class Acquisition(StrEnum):
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+_OPTIONAL = ("delivered_canary", "recorder")
+
+
 def _hashed(e: ToolExecution) -> dict[str, object]:
-    """An execution as the observation id covers it: every field, but ``delivered_canary`` only when
-    set (it came with normalization 3: observations published before keep their ids)."""
+    """An execution as the observation id covers it: every field, but ``delivered_canary`` and
+    ``recorder`` only when set (they came with normalizations 3 and 4: observations published
+    before keep their ids)."""
     d = e.__dict__
-    if d.get("delivered_canary") is None:
-        return {k: v for k, v in d.items() if k != "delivered_canary"}
+    if d.get("delivered_canary") is None or d.get("recorder") is None:
+        return {k: v for k, v in d.items() if k not in _OPTIONAL or v is not None}
     return d
 
 

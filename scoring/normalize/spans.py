@@ -1,11 +1,12 @@
 """Neutral spans and the rules that turn one span into a tool execution plus coverage reasons.
 
 A tool execution is a span that is either
-- GenAI semconv: ``gen_ai.operation.name == "execute_tool"``, name in ``gen_ai.tool.name``;
-- OpenInference: ``openinference.span.kind == "TOOL"``, name in ``tool.name``.
-Both present and disagreeing is *conflicting* evidence: a coverage reason, never a
-crash and never an execution. Chat spans that merely *request* a call are not
-evidence. Names match exactly.
+- GenAI semconv: ``gen_ai.operation.name == "execute_tool"``, or
+- OpenInference: ``openinference.span.kind == "TOOL"``,
+with its name, call id, arguments and result where ``scoring.normalize.conventions`` says the
+instrumentation that wrote it keeps them. Both markers naming different tools is *conflicting*
+evidence: a coverage reason, never a crash and never an execution. Chat spans that merely
+*request* a call are not evidence. Names match exactly.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from scoring.models.evidence import (
     ATTRIBUTE_LIMITS,
     ATTRIBUTES_DROPPED,
     CONFLICTING_EVIDENCE,
+    EXECUTIONS_NOT_RECORDED,
     SPAN_NOT_ENDED,
     SPAN_UNSAMPLED,
     CaptureState,
     ToolExecution,
 )
+from scoring.normalize import conventions
+from scoring.normalize.conventions import Convention
 
 if TYPE_CHECKING:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -64,11 +68,12 @@ ERROR_TYPE = "error.type"
 POISONING_CANARY = "toolwitness.poisoning.canary"
 #: a longer value is no canary this project writes (``tw-canary-`` + 20 hex): no delivery on record
 MAX_CANARY_CHARS = 128
-#: every attribute ``span_rules`` reads except the results (a span fact does not keep them),
-#: plus the session keys: all a span fact depends on (``fact_attributes`` reads only these).
+#: every attribute ``span_rules`` reads for a span fact (the conventions table's, which leaves out
+#: results it does not read a call id from), plus the session keys: all a span fact depends on
+#: (``fact_attributes`` reads only these).
 FACT_KEYS = frozenset(
-    {GEN_AI_OPERATION, GEN_AI_TOOL_NAME, GEN_AI_CALL_ID, GEN_AI_ARGUMENTS, OI_KIND, OI_TOOL_NAME, *OI_CALL_IDS}
-    | {*OI_ARGUMENTS, ERROR_TYPE, TRUNCATED_FLAG, LENGTH_LIMITED_FLAG, POISONING_CANARY, *SESSION_KEYS}
+    {GEN_AI_OPERATION, OI_KIND, ERROR_TYPE, TRUNCATED_FLAG, LENGTH_LIMITED_FLAG, POISONING_CANARY, *SESSION_KEYS}
+    | conventions.ATTRIBUTE_KEYS
 )
 
 # OTLP Span.flags bits (opentelemetry-proto trace.proto SpanFlags).
@@ -93,6 +98,8 @@ class NeutralSpan:
     attributes: Mapping[str, AttrValue] = field(default_factory=dict)
     resource_attributes: Mapping[str, AttrValue] = field(default_factory=dict)
     dropped_attributes_count: int = 0
+    #: the instrumentation scope (tracer) name that wrote the span
+    scope_name: str = ""
 
     @property
     def ended(self) -> bool:
@@ -158,22 +165,61 @@ class SpanRules(NamedTuple):
     reasons: tuple[str, ...]
     #: the poisoning canary the tool's result delivered (``POISONING_CANARY``), if any
     delivered: str | None = None
+    #: the instrumentation scope that recorded it (None: not known)
+    recorder: str | None = None
 
 
-_NOT_A_TOOL = SpanRules(None, None, None, None, CaptureState.ABSENT, "gen_ai", False, (), None)
+_NOT_A_TOOL = SpanRules(None, None, None, None, CaptureState.ABSENT, "gen_ai", False, (), None, None)
 _ABSENT, _TRUNCATED, _CAPTURED = CaptureState.ABSENT, CaptureState.TRUNCATED, CaptureState.CAPTURED
 #: ``_new_rules(SpanRules, (all fields in order))``: a SpanRules at half the cost of its
 #: keyword-capable constructor (the one per tool execution on the hot path)
 _new_rules = tuple.__new__
 
 
+def _no_tool(reasons: list[str]) -> SpanRules:
+    return _NOT_A_TOOL._replace(reasons=tuple(sorted(set(reasons)))) if reasons else _NOT_A_TOOL
+
+
+def _rejected(attrs: Mapping[str, AttrValue], row: Convention) -> bool:
+    return any(attrs.get(k) == v if v is not None else k in attrs for k, v in row.not_execution)
+
+
+def _call_id(attrs: Mapping[str, AttrValue], row: Convention) -> str | None:
+    for k in row.call_id:
+        v = _str(attrs.get(k))
+        if v and v not in row.placeholder_call_ids:
+            return v
+    return None
+
+
+def _arguments(attrs: Mapping[str, AttrValue], row: Convention) -> tuple[str | None, bool]:
+    """The recorded arguments under ``row`` and whether they may be a schema, not the call's."""
+    for k in row.arguments:
+        v = _str(attrs.get(k))
+        if v and v != OI_REDACTED:  # OpenInference's hidden input is not the input
+            return v, False
+        if v == OI_REDACTED:
+            return None, False
+    fallback = _first(attrs, row.arguments_fallback)
+    return fallback, fallback is not None
+
+
 def span_rules(
-    attrs: Mapping[str, AttrValue], *, status_error: bool, ended: bool, sampled: bool, dropped: bool
+    attrs: Mapping[str, AttrValue],
+    *,
+    status_error: bool,
+    ended: bool,
+    sampled: bool,
+    dropped: bool,
+    scope: str = "",
+    span_name: str = "",
 ) -> SpanRules:
     """THE normalization rules: one span's attributes and flags → tool execution facts + reasons.
 
     ``dropped``: the span says attributes were dropped (``dropped_attributes_count > 0``).
-    Reads only FACT_KEYS and the two result keys of ``attrs``.
+    ``scope``: the instrumentation scope that wrote the span; with ``span_name`` it picks the
+    row of ``scoring.normalize.conventions`` that says where the call's facts are.
+    Reads only FACT_KEYS of ``attrs``.
     """
     reasons: list[str] = []
     if not sampled:
@@ -182,50 +228,65 @@ def span_rules(
         reasons.append(SPAN_NOT_ENDED)
     if dropped:
         reasons.append(ATTRIBUTES_DROPPED)
+    if scope and conventions.misses_executions(scope):
+        reasons.append(EXECUTIONS_NOT_RECORDED)
     if attrs.get(LENGTH_LIMITED_FLAG) is True:
         # Any attribute may be cut: "execute_tool" itself (any span may hide a tool execution) and
         # the tool name ("search_items_v2" recorded as "search_items" proves neither tool ran).
         reasons.append(ATTRIBUTE_LIMITS)
-        return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons)))
+        return _no_tool(reasons)
     is_gen_ai = attrs.get(GEN_AI_OPERATION) == "execute_tool"
     is_oi = attrs.get(OI_KIND) == "TOOL"
     if not (is_gen_ai or is_oi):
-        return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons))) if reasons else _NOT_A_TOOL
-    gen_name = _str(attrs.get(GEN_AI_TOOL_NAME)) if is_gen_ai else None
-    oi_name = _str(attrs.get(OI_TOOL_NAME)) if is_oi else None
-    if is_gen_ai and is_oi and gen_name != oi_name:
+        return _no_tool(reasons)
+    gen_row = conventions.convention("gen_ai", scope) if is_gen_ai else None
+    oi_row = conventions.convention("openinference", scope) if is_oi else None
+    if (gen_row is not None and _rejected(attrs, gen_row)) or (oi_row is not None and _rejected(attrs, oi_row)):
+        return _no_tool(reasons)  # rejected before the tool ran, or an aggregate of other calls
+    gen_name = _first(attrs, gen_row.tool_name) if gen_row is not None else None
+    oi_name = _first(attrs, oi_row.tool_name) if oi_row is not None else None
+    if gen_row is not None and oi_row is not None and gen_name != oi_name:
         reasons.append(CONFLICTING_EVIDENCE)
-        return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons)))
-    name = gen_name if is_gen_ai else oi_name
+        return _no_tool(reasons)
+    name = gen_name if gen_row is not None else oi_name
+    row = gen_row or oi_row
+    assert row is not None
     if not name:
+        if any(span_name.startswith(p) for p in row.unnamed_span_prefixes):
+            return _no_tool(reasons)  # e.g. a handoff between agents: no tool ran
         # Some tool ran and we cannot say which: absence of any tool is unprovable.
         reasons.append(UNNAMED_TOOL)
-        return _NOT_A_TOOL._replace(reasons=tuple(sorted(reasons)))
-    partial = False  # arguments that may not be the call's, or not all of them
-    if is_gen_ai:
-        call_id = _str(attrs.get(GEN_AI_CALL_ID))
-        arguments = _str(attrs.get(GEN_AI_ARGUMENTS))
-        result = _str(attrs.get(GEN_AI_RESULT))
-    else:
-        call_id = _first(attrs, OI_CALL_IDS)
-        arguments = _str(attrs.get(OI_INPUT)) or None
-        if arguments == OI_REDACTED:
-            arguments = None  # hidden: not recorded
-        elif arguments is None:
-            arguments = _str(attrs.get(OI_PARAMETERS)) or None
-            partial = arguments is not None
-        result = _str(attrs.get(OI_RESULT))
-    failed: bool | None = True if status_error or attrs.get(ERROR_TYPE) else (None if dropped else False)
+        return _no_tool(reasons)
+    call_id = _call_id(attrs, row)
+    arguments, partial = _arguments(attrs, row)
+    result = _first(attrs, row.result)
+    shaped_row = row
+    if arguments is None and gen_row is not None and oi_row is not None:
+        # Both conventions on one span: where GenAI's record has no arguments, OpenInference's may.
+        arguments, partial = _arguments(attrs, oi_row)
+        shaped_row = oi_row
+    if call_id is None and oi_row is not None and gen_row is not None:
+        call_id = _call_id(attrs, oi_row)
+    matchable = True
+    if arguments is not None and not partial:
+        shaped = conventions.shape_arguments(arguments, shaped_row)
+        arguments, matchable = shaped.text, shaped.matchable
+        call_id = call_id or shaped.call_id
+    result_call_id, failed_in_result = conventions.read_result(result, row)
+    call_id = call_id or result_call_id
+    failed: bool | None = (
+        True if status_error or attrs.get(ERROR_TYPE) or failed_in_result else (None if dropped else False)
+    )
     # Both conventions on one span, naming the same tool: GenAI's record is the one kept, but where
     # OpenInference's says another call id or other arguments the span disagrees with itself
     # (conflicting evidence): the call still proves the tool ran, its arguments prove nothing either
     # way (judged as cut), and absence on the trace is unprovable.
-    disputed = is_gen_ai and is_oi and _disagree(call_id, arguments, attrs)
+    disputed = gen_row is not None and oi_row is not None and _disagree(call_id, arguments, attrs, oi_row)
     if disputed:
         reasons.append(CONFLICTING_EVIDENCE)
     if arguments is None:
         arg_state = _ABSENT
-    elif partial or disputed or attrs.get(TRUNCATED_FLAG) is True or dropped:
+    elif partial or not matchable or disputed or attrs.get(TRUNCATED_FLAG) is True or dropped:
         arg_state = _TRUNCATED
     else:
         arg_state = _CAPTURED
@@ -233,33 +294,35 @@ def span_rules(
         SpanRules,
         (
             name,
-            call_id or None,
+            call_id,
             arguments,
             result,
             arg_state,
-            "gen_ai" if is_gen_ai else "openinference",
+            "gen_ai" if gen_row is not None else "openinference",
             failed,
-            tuple(sorted(reasons)) if reasons else (),
+            tuple(sorted(set(reasons))) if reasons else (),
             _canary(attrs.get(POISONING_CANARY)),
+            scope or None,
         ),
     )
 
 
-def _disagree(call_id: str | None, arguments: str | None, attrs: Mapping[str, AttrValue]) -> bool:
+def _disagree(call_id: str | None, arguments: str | None, attrs: Mapping[str, AttrValue], oi_row: Convention) -> bool:
     """Whether a span's OpenInference record of a call contradicts its GenAI record (``call_id``,
-    ``arguments``): another call id, or other arguments (``input.value``; JSON compared as values,
-    so key order and spacing are no disagreement). What one of them leaves out is no contradiction;
-    ``tool.parameters`` is the tool's parameter definition, not the call's arguments."""
-    oi_call = _first(attrs, OI_CALL_IDS)
+    ``arguments``): another call id, or other arguments (JSON compared as values, so key order and
+    spacing are no disagreement). What one of them leaves out is no contradiction; a parameter
+    definition (``tool.parameters``) is not the call's arguments."""
+    oi_call = _call_id(attrs, oi_row)
     if call_id and oi_call and call_id != oi_call:
         return True
-    oi_args = _str(attrs.get(OI_INPUT))
-    if not arguments or not oi_args or oi_args in (OI_REDACTED, arguments):
+    oi_args, partial = _arguments(attrs, oi_row)
+    if partial or not arguments or not oi_args or oi_args == arguments:
         return False
+    oi_args = conventions.shape_arguments(oi_args, oi_row).text
     try:
         return bool(json.loads(arguments) != json.loads(oi_args))
     except (ValueError, RecursionError):
-        return True  # not both JSON, and not the same text
+        return oi_args != arguments  # not both JSON: the same text or not
 
 
 def _canary(v: AttrValue) -> str | None:
@@ -276,6 +339,8 @@ def normalize_span(span: NeutralSpan) -> SpanFacts:
         ended=span.ended,
         sampled=span.sampled,
         dropped=span.dropped_attributes_count > 0,
+        scope=span.scope_name,
+        span_name=span.name,
     )
     if r.name is None:
         return SpanFacts(None, frozenset(r.reasons))
@@ -291,6 +356,7 @@ def normalize_span(span: NeutralSpan) -> SpanFacts:
         arguments_state=r.arguments_state,
         convention=r.convention,
         delivered_canary=r.delivered,
+        recorder=r.recorder,
     )
     return SpanFacts(execution, frozenset(r.reasons), r.result)
 
@@ -319,6 +385,7 @@ def from_readable_span(span: ReadableSpan) -> NeutralSpan:
         attributes=cast("dict[str, AttrValue]", dict(span.attributes or {})),
         resource_attributes=cast("dict[str, AttrValue]", dict(resource)),
         dropped_attributes_count=span.dropped_attributes,
+        scope_name=span.instrumentation_scope.name if span.instrumentation_scope is not None else "",
     )
 
 
@@ -417,7 +484,9 @@ def otlp_flags(flags: int) -> tuple[bool, bool]:
     )
 
 
-def from_otlp_span(span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] | None = None) -> NeutralSpan:
+def from_otlp_span(
+    span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] | None = None, scope_name: str = ""
+) -> NeutralSpan:
     """Build a neutral span from an OTLP protobuf ``Span``; raise SpanDecodeError on bad ids."""
     # Each protobuf field read builds a new Python object: read every id once.
     trace_id = span.trace_id
@@ -440,6 +509,7 @@ def from_otlp_span(span: OtlpSpan, resource_attributes: Mapping[str, AttrValue] 
         attributes=otlp_attributes(span.attributes),
         resource_attributes=resource_attributes or {},
         dropped_attributes_count=span.dropped_attributes_count,
+        scope_name=scope_name,
     )
 
 
@@ -448,5 +518,6 @@ def iter_otlp_request(data: TracesData) -> Iterator[NeutralSpan]:
     for rs in data.resource_spans:
         resource = otlp_attributes(rs.resource.attributes)
         for ss in rs.scope_spans:
+            scope = ss.scope.name
             for s in ss.spans:
-                yield from_otlp_span(s, resource)
+                yield from_otlp_span(s, resource, scope)

@@ -37,6 +37,7 @@ from scoring.models.conditions import (
 )
 from scoring.models.evidence import Acquisition, CaptureState, Coverage, Observation, ToolExecution
 from scoring.models.status import Verdict
+from scoring.normalize.conventions import counts_unreliable
 from scoring.verdict.jsonpath import compile_path, select
 from scoring.verdict.kleene import all_of, any_of
 
@@ -76,14 +77,18 @@ def _laminar(group: Sequence[ToolExecution]) -> bool:
     return True
 
 
-def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[ToolExecution, tuple[ToolExecution, ...]], ...]:
+Call = tuple[ToolExecution, tuple[ToolExecution, ...]]
+
+
+def _calls(executions: Sequence[ToolExecution]) -> tuple[Call, ...]:
     """The executions that count, each with the records wrapped around it.
 
     One tool call recorded twice -- a framework's span (OpenInference TOOL) around the tool
     boundary's (``intercept_tool``), both with its call id -- is one execution: the outer record
     is a wrapper, not another run. Retries of a call (same id, one after the other) are not
     nested, so each counts. The innermost records count; a wrapper's attributes still speak for
-    each record it wraps (its arguments may be the captured ones)."""
+    each record it wraps (its arguments may be the captured ones). Records of one call by two
+    instrumentations are merged after that (``_merge_recorders``)."""
     by_call: dict[tuple[str, str, str], list[ToolExecution]] = {}
     for e in executions:
         if e.call_id:
@@ -103,20 +108,166 @@ def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[ToolExecution, tu
     return tuple((e, tuple(wrapped.get(id(e), ()))) for e in executions if id(e) not in wrappers)
 
 
+def _overlap(a: ToolExecution, b: ToolExecution) -> bool:
+    return a.start_time_unix_nano <= _end(b) and b.start_time_unix_nano <= _end(a)
+
+
+def _same_arguments(a: ToolExecution, b: ToolExecution) -> bool:
+    """No evidence that two records saw other arguments (only two matchable objects can differ)."""
+    if a.arguments_state is not CaptureState.CAPTURED or b.arguments_state is not CaptureState.CAPTURED:
+        return True
+    if a.arguments == b.arguments:
+        return True
+    x, y = _parse_arguments(a.arguments or ""), _parse_arguments(b.arguments or "")
+    if not isinstance(x, dict) or not isinstance(y, dict):
+        return True
+    return _canon_eq(x) == _canon_eq(y)
+
+
+def _mergeable(a: Call, b: Call) -> bool:
+    """Two calls that may be one call recorded by two instrumentations: other recorders (one
+    instrumentation records a call once), times that overlap, and neither call ids nor captured
+    arguments that differ."""
+    x, y = a[0], b[0]
+    if x.recorder == y.recorder or not _overlap(x, y):
+        return False
+    if x.call_id and y.call_id and x.call_id != y.call_id:
+        return False
+    return _same_arguments(x, y)
+
+
+#: a group of records of one tool in one trace by several instrumentations is matched pairwise
+#: up to this size; a larger one is not merged, and its count is only bounded (``CountBounds``)
+_MAX_MERGE_GROUP = 256
+
+
+@dataclass(frozen=True, slots=True)
+class CountBounds:
+    """How many calls of a tool the records prove at least, and allow at most (None: unbounded),
+    where that is not one call per counted record."""
+
+    lower: int
+    upper: int | None
+
+
+def _independent(group: Sequence[Call]) -> int:
+    """How many of the calls are surely distinct: the largest set of which no two are mergeable
+    (exact for small groups; otherwise the most one instrumentation recorded, still a lower bound)."""
+    n = len(group)
+    if n > 16:
+        return max(Counter(c[0].recorder for c in group).values())
+    edges = [sum(1 << j for j in range(n) if j != i and _mergeable(group[i], group[j])) for i in range(n)]
+    best = 0
+    for mask in range(1 << n):
+        size = mask.bit_count()
+        if size <= best:
+            continue
+        if all(not (edges[i] & mask) for i in range(n) if mask >> i & 1):
+            best = size
+    return best
+
+
+def _merge_recorders(calls: tuple[Call, ...]) -> tuple[tuple[Call, ...], dict[str, CountBounds]]:
+    """One call recorded by several instrumentations (two instrumentations on one app, or the tool
+    boundary inside a framework's tool span whose call id it could not take) is counted once.
+
+    Calls of one tool in one trace are the same call when they are mergeable (``_mergeable``)
+    and that pairing is unambiguous: every group of calls linked by mergeable pairs is a clique
+    (each may be the same as each other), so no record could belong to two calls. Then the
+    innermost record counts and the others wrap it. Otherwise the tool's count is not provable:
+    it is bounded below by the calls that are surely distinct and above by the records."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, (e, _) in enumerate(calls):
+        groups.setdefault((e.trace_id, e.name), []).append(i)
+    merged_into: dict[int, int] = {}
+    bounds: dict[str, list[int]] = {}
+    for (_, name), idx in groups.items():
+        if len(idx) < 2 or len({calls[i][0].recorder for i in idx}) < 2:
+            continue
+        group = [calls[i] for i in idx]
+        if len(group) > _MAX_MERGE_GROUP:
+            b = bounds.setdefault(name, [0, 0])
+            b[0] += max(Counter(c[0].recorder for c in group).values())
+            b[1] += len(group)
+            continue
+        parent = list(range(len(group)))
+
+        def find(k: int) -> int:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        for a in range(len(group)):
+            for b2 in range(a + 1, len(group)):
+                if _mergeable(group[a], group[b2]):
+                    parent[find(a)] = find(b2)
+        components: dict[int, list[int]] = {}
+        for k in range(len(group)):
+            components.setdefault(find(k), []).append(k)
+        cliques = all(
+            _mergeable(group[a], group[b2]) for members in components.values() for a in members for b2 in members if a < b2
+        )
+        if not cliques:
+            b = bounds.setdefault(name, [0, 0])
+            b[0] += _independent(group)
+            b[1] += len(group)
+            continue
+        for members in components.values():
+            if len(members) < 2:
+                continue
+            # the innermost record counts (latest start, then earliest end), as with nested records
+            keep = max(members, key=lambda k: (group[k][0].start_time_unix_nano, -_end(group[k][0])))
+            for k in members:
+                if k != keep:
+                    merged_into[idx[k]] = idx[keep]
+    if not merged_into and not bounds:
+        return calls, {}
+    extra: dict[int, list[ToolExecution]] = {}
+    for src, dst in merged_into.items():
+        e, around = calls[src]
+        extra.setdefault(dst, []).extend((e, *around))
+    out = tuple(
+        (e, (*around, *extra.get(i, ()))) for i, (e, around) in enumerate(calls) if i not in merged_into
+    )
+    # tools with calls counted elsewhere (other traces) keep those in their bounds
+    result: dict[str, CountBounds] = {}
+    for name, (lower, upper) in bounds.items():
+        rest = sum(1 for (e, _) in out if e.name == name) - upper
+        result[name] = CountBounds(lower + rest, upper + rest)
+    return out, result
+
+
+def _unreliable(calls: tuple[Call, ...], bounds: dict[str, CountBounds]) -> dict[str, CountBounds]:
+    """Tools recorded by an instrumentation whose records do not count executions one for one
+    (``conventions.counts_unreliable``): that the tool ran is proven, how often is not."""
+    out = dict(bounds)
+    for e, around in calls:
+        if e.name not in out and any(counts_unreliable(r.recorder) for r in (e, *around)):
+            out[e.name] = CountBounds(1, None)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """What the judges read: executions in start-time order, coverage, availability.
 
-    ``calls``: the executions that count (records of one call nested in another's are one), each
-    with the records wrapped around it."""
+    ``calls``: the executions that count (records of one call nested in another's, or written by
+    two instrumentations, are one), each with the records wrapped around it."""
 
     executions: tuple[ToolExecution, ...]
     coverage: Coverage
     available: bool = True
-    calls: tuple[tuple[ToolExecution, tuple[ToolExecution, ...]], ...] = field(init=False, repr=False, compare=False)
+    calls: tuple[Call, ...] = field(init=False, repr=False, compare=False)
+    #: tools whose count the records do not prove (one call recorded by several instrumentations
+    #: in a way that cannot be told apart from several calls, or an instrumentation whose records
+    #: are not one per execution): what they prove instead
+    uncounted: dict[str, CountBounds] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "calls", _calls(self.executions))
+        calls, bounds = _merge_recorders(_calls(self.executions))
+        object.__setattr__(self, "calls", calls)
+        object.__setattr__(self, "uncounted", _unreliable(calls, bounds))
 
     @property
     def complete(self) -> bool:
@@ -423,8 +574,18 @@ def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
         if e.name == req.name
     ]
     proven = sum(v is T for v in verdicts)
-    possible = sum(v is not F for v in verdicts)
+    possible: float = sum(v is not F for v in verdicts)
     label = f"{req.name!r}"
+    bounds = ev.uncounted.get(req.name)
+    if bounds is not None and (req.min_count > 1 or req.max_count is not None):
+        # Which records are separate calls is not known: a match proves the tool ran, not how often.
+        proven = min(proven, 1)
+        if bounds.upper is None:
+            possible = float("inf")
+        if proven < req.min_count or req.max_count is not None:
+            if ev.complete and possible < req.min_count:
+                return Judgment(F, f"{label} not executed as required (coverage complete, {proven} matching)")
+            return Judgment(U, f"{label} ran; how many times is not provable ({_why_uncounted(req.name, ev)})")
     if req.max_count is not None and proven > req.max_count:
         return Judgment(F, f"{label} ran {proven} times, more than max_count {req.max_count}")
     if proven >= req.min_count:
@@ -437,6 +598,16 @@ def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
         return Judgment(F, f"{label} not executed as required (coverage complete, {proven} matching)")
     why = _why_open(ev) if possible < req.min_count else _why_unsure(req)
     return Judgment(U, f"{label} not proven: {why}")
+
+
+def _why_uncounted(name: str, ev: Evidence) -> str:
+    for e, around in ev.calls:
+        if e.name == name:
+            for r in (e, *around):
+                why = counts_unreliable(r.recorder)
+                if why:
+                    return why
+    return "records by several instrumentations that cannot be paired with the calls they record"
 
 
 def _why_unsure(req: ToolCallRequirement) -> str:
@@ -558,6 +729,13 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
     executions = [e for e, _ in ev.calls]
     seen = [e.name for e in executions]
     want = list(c.tools)
+    uncounted = sorted({t for t in want if t in ev.uncounted} | (set(ev.uncounted) if c.mode == "exact" else set()))
+    if uncounted:
+        # How many calls of these tools ran is not known, so neither is their order.
+        absent = sorted(set(want) - set(seen))
+        if absent and ev.complete:
+            return Judgment(F, f"missing {absent}")
+        return Judgment(U, f"the calls of {uncounted} cannot be counted ({_why_uncounted(uncounted[0], ev)})")
     if c.mode == "any_order":
         missing = Counter(want) - Counter(seen)
         if not missing:

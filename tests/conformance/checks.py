@@ -108,13 +108,27 @@ def _is_subsequence(needle: Sequence[str], haystack: Sequence[str]) -> bool:
     return all(any(x == y for y in it) for x in needle)
 
 
+#: ``truth["notes"][FLATTENED]``: tools whose one parameter is an object the framework shows the
+#: model as the tool's whole schema (pydantic-ai does for a model-like parameter): the call's
+#: arguments, as the tool's interface has them, are that object's fields
+FLATTENED = "single_object_parameter"
+
+
+def _interface(call: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
+    if call["tool"] in notes.get(FLATTENED, ()) and len(call["arguments"]) == 1:
+        [inner] = call["arguments"].values()
+        return {**call, "arguments": inner}
+    return call
+
+
 def derive_checks(truth: dict[str, Any]) -> list[Check]:
     """The checks of one run, each with the verdict what the tool bodies received calls for."""
-    calls = sorted(truth["calls"], key=lambda c: c["at"])
+    calls = [_interface(c, truth["notes"]) for c in sorted(truth["calls"], key=lambda c: c["at"])]
     order = [c["tool"] for c in calls]
     counts = Counter(order)
     checks: list[Check] = []
-    for tool in TOOLS:
+    tools = list(dict.fromkeys([*TOOLS, *order]))
+    for tool in tools:
         n = counts[tool]
         if n:
             checks.append(Check(f"ran {tool}", "ran", _called(ToolCallRequirement(name=tool)), "TRUE", complete=False))
@@ -179,7 +193,7 @@ def derive_checks(truth: dict[str, Any]) -> list[Check]:
                     "TRUE",
                 )
             )
-    for tool in TOOLS:
+    for tool in tools:
         received = [c["arguments"] for c in calls if c["tool"] == tool]
         if not received:
             continue

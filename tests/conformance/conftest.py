@@ -11,6 +11,7 @@ import pytest
 
 from tests.conformance import venvs
 from tests.conformance.checks import Run, load_run
+from tests.conformance.matrix import Judged, judge
 from tests.conformance.scenarios import SCENARIOS, Scenario
 
 AGENTS = Path(__file__).resolve().parent / "agents"
@@ -53,5 +54,18 @@ def conformance_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
         if isinstance(r, BaseException):
             raise r
         return r
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def conformance_judged(conformance_runs: Callable[[str], Run]) -> Callable[[Scenario], Judged]:
+    """``judged(scenario)``: its run, its checks and the in-process scorer's verdicts (judged once)."""
+    cache: dict[str, Judged] = {}
+
+    def get(s: Scenario) -> Judged:
+        if s.id not in cache:
+            cache[s.id] = judge(conformance_runs(s.id))
+        return cache[s.id]
 
     return get

@@ -16,12 +16,14 @@ from collector.config import ServiceConfig
 from collector.processors.normalize import span_fact
 from collector.receivers.decode import decode_span_facts
 from tests.conformance.agents._witness import SCRIPT
-from tests.conformance.checks import Run, derive_checks, judge_in_process, wrong
+from tests.conformance.checks import Run, wrong
+from tests.conformance.matrix import DOC, Judged, render
 from tests.conformance.scenarios import SCENARIOS, Scenario
 
 pytestmark = pytest.mark.conformance
 
 Runs = Callable[[str], Run]
+Judge = Callable[[Scenario], Judged]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.id)
@@ -36,10 +38,8 @@ def test_the_agent_ran_its_script(scenario: Scenario, conformance_runs: Runs) ->
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.id)
-def test_no_wrong_verdict_and_every_undetermined_explained(scenario: Scenario, conformance_runs: Runs) -> None:
-    run = conformance_runs(scenario.id)
-    checks = derive_checks(run.truth)
-    got = judge_in_process(run, checks)
+def test_no_wrong_verdict_and_every_undetermined_explained(scenario: Scenario, conformance_judged: Judge) -> None:
+    _, checks, got = conformance_judged(scenario)
     wrongs = [f"{c.id}: expected {c.expected}, got {got[c.id]}" for c in checks if wrong(c, got[c.id])]
     assert not wrongs, "wrong verdicts:\n" + "\n".join(wrongs)
     open_checks = [c for c in checks if got[c.id] == "UNDETERMINED" and c.expected != "UNDETERMINED"]
@@ -59,3 +59,8 @@ def test_fast_decode_agrees_with_the_library(scenario: Scenario, conformance_run
     assert not fast.rejected
     library = [span_fact(s, limit) for s in run.spans]
     assert [f for _, _, f, _ in fast.facts] == library
+
+
+def test_the_matrix_is_current(conformance_judged: Judge) -> None:
+    """``docs/compatibility.md`` is what this suite's runs give (regenerate: python -m tests.conformance.matrix)."""
+    assert DOC.read_text() == render(conformance_judged), "run `python -m tests.conformance.matrix` and commit"

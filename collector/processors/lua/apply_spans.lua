@@ -33,7 +33,8 @@ local was_complete = complete_by_claims(st, wm, lateness, inferred)
 -- of the service has its duration in whole microseconds (a number; -1 = not ended or ended
 -- before it started) and keeps no delivered canary nor argument digest: against such a record
 -- only what both versions keep is compared. Two current records are compared on everything
--- (a trailing element left off is its default: call id '', convention 0, no canary, no digest).
+-- (a trailing element left off is its default: call id '', convention 0, no canary, no digest,
+-- no recorder).
 local function micros(d)
   if type(d) == 'number' then return d end
   if d == '' then return -1 end
@@ -41,7 +42,7 @@ local function micros(d)
   if ns < 0 then return -1 end
   return math.floor(ns / 1000)
 end
-local trailing = {'', 0, '', ''}  -- call id, openinference, delivered canary, argument digest
+local trailing = {'', 0, '', '', ''}  -- call id, openinference, delivered canary, argument digest, recorder
 -- Cut arguments as kept up to the cut: what follows the mark (hex runs of the part cut off) is
 -- written by some versions of the service and not by others.
 local CUT_MARK = '\226\128\166[cut; hex runs after the cut: '
@@ -72,7 +73,7 @@ local function same_record(a, b)
       return false
     end
   end
-  local last = legacy and 9 or 11
+  local last = legacy and 9 or 12
   for i = 8, last do
     local u, v = a[i], b[i]
     if u == nil then u = trailing[i - 7] end

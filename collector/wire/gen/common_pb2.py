@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btoolwitness/v1/common.proto\x12\x0etoolwitness.v1\"\x9f\x01\n\x05Scope\x12,\n\x06traces\x18\x01 \x01(\x0b\x32\x1a.toolwitness.v1.TraceScopeH\x00\x12/\n\x07session\x18\x02 \x01(\x0b\x32\x1c.toolwitness.v1.SessionScopeH\x00\x12/\n\x07message\x18\x03 \x01(\x0b\x32\x1c.toolwitness.v1.MessageScopeH\x00\x42\x06\n\x04kind\"\x1f\n\nTraceScope\x12\x11\n\ttrace_ids\x18\x01 \x03(\t\"\"\n\x0cSessionScope\x12\x12\n\nsession_id\x18\x01 \x01(\t\"|\n\x0cMessageScope\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x11\n\ttrace_ids\x18\x03 \x03(\t\x12\x1a\n\rresponse_text\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_response_text\"\x82\x03\n\rToolExecution\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\x0f\n\x07span_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12/\n\x06status\x18\x05 \x01(\x0e\x32\x1f.toolwitness.v1.ExecutionStatus\x12\x1c\n\x14start_time_unix_nano\x18\x06 \x01(\x06\x12\x1a\n\x12\x65nd_time_unix_nano\x18\x07 \x01(\x06\x12\x16\n\x0e\x61rguments_json\x18\x08 \x01(\t\x12\x35\n\x0f\x61rguments_state\x18\t \x01(\x0e\x32\x1c.toolwitness.v1.CaptureState\x12\x13\n\x0bresult_text\x18\n \x01(\t\x12\x32\n\x0cresult_state\x18\x0b \x01(\x0e\x32\x1c.toolwitness.v1.CaptureState\x12\x12\n\nconvention\x18\x0c \x01(\t\x12\x18\n\x10\x64\x65livered_canary\x18\r \x01(\t\"_\n\x08\x43overage\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x0f\n\x07reasons\x18\x02 \x03(\t\x12\x30\n\x06source\x18\x03 \x01(\x0e\x32 .toolwitness.v1.CompletionSource*h\n\x0f\x45xecutionStatus\x12 \n\x1c\x45XECUTION_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45XECUTION_STATUS_OK\x10\x01\x12\x1a\n\x16\x45XECUTION_STATUS_ERROR\x10\x02*\x80\x01\n\x0c\x43\x61ptureState\x12\x1d\n\x19\x43\x41PTURE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43\x41PTURE_STATE_CAPTURED\x10\x01\x12\x18\n\x14\x43\x41PTURE_STATE_ABSENT\x10\x02\x12\x1b\n\x17\x43\x41PTURE_STATE_TRUNCATED\x10\x03*\x92\x01\n\x10\x43ompletionSource\x12!\n\x1d\x43OMPLETION_SOURCE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OMPLETION_SOURCE_MARKER\x10\x01\x12\x1f\n\x1b\x43OMPLETION_SOURCE_WATERMARK\x10\x02\x12\x1c\n\x18\x43OMPLETION_SOURCE_CALLER\x10\x03*y\n\x0bScoreStatus\x12\x1c\n\x18SCORE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11SCORE_STATUS_TRUE\x10\x01\x12\x16\n\x12SCORE_STATUS_FALSE\x10\x02\x12\x1d\n\x19SCORE_STATUS_UNDETERMINED\x10\x03\x42G\n\x12\x64\x65v.toolwitness.v1P\x01Z/toolwitness/gen/go/toolwitness/v1;toolwitnessv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btoolwitness/v1/common.proto\x12\x0etoolwitness.v1\"\x9f\x01\n\x05Scope\x12,\n\x06traces\x18\x01 \x01(\x0b\x32\x1a.toolwitness.v1.TraceScopeH\x00\x12/\n\x07session\x18\x02 \x01(\x0b\x32\x1c.toolwitness.v1.SessionScopeH\x00\x12/\n\x07message\x18\x03 \x01(\x0b\x32\x1c.toolwitness.v1.MessageScopeH\x00\x42\x06\n\x04kind\"\x1f\n\nTraceScope\x12\x11\n\ttrace_ids\x18\x01 \x03(\t\"\"\n\x0cSessionScope\x12\x12\n\nsession_id\x18\x01 \x01(\t\"|\n\x0cMessageScope\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x11\n\ttrace_ids\x18\x03 \x03(\t\x12\x1a\n\rresponse_text\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x10\n\x0e_response_text\"\x94\x03\n\rToolExecution\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\x12\x0f\n\x07span_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12/\n\x06status\x18\x05 \x01(\x0e\x32\x1f.toolwitness.v1.ExecutionStatus\x12\x1c\n\x14start_time_unix_nano\x18\x06 \x01(\x06\x12\x1a\n\x12\x65nd_time_unix_nano\x18\x07 \x01(\x06\x12\x16\n\x0e\x61rguments_json\x18\x08 \x01(\t\x12\x35\n\x0f\x61rguments_state\x18\t \x01(\x0e\x32\x1c.toolwitness.v1.CaptureState\x12\x13\n\x0bresult_text\x18\n \x01(\t\x12\x32\n\x0cresult_state\x18\x0b \x01(\x0e\x32\x1c.toolwitness.v1.CaptureState\x12\x12\n\nconvention\x18\x0c \x01(\t\x12\x18\n\x10\x64\x65livered_canary\x18\r \x01(\t\x12\x10\n\x08recorder\x18\x0e \x01(\t\"_\n\x08\x43overage\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x0f\n\x07reasons\x18\x02 \x03(\t\x12\x30\n\x06source\x18\x03 \x01(\x0e\x32 .toolwitness.v1.CompletionSource*h\n\x0f\x45xecutionStatus\x12 \n\x1c\x45XECUTION_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45XECUTION_STATUS_OK\x10\x01\x12\x1a\n\x16\x45XECUTION_STATUS_ERROR\x10\x02*\x80\x01\n\x0c\x43\x61ptureState\x12\x1d\n\x19\x43\x41PTURE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43\x41PTURE_STATE_CAPTURED\x10\x01\x12\x18\n\x14\x43\x41PTURE_STATE_ABSENT\x10\x02\x12\x1b\n\x17\x43\x41PTURE_STATE_TRUNCATED\x10\x03*\x92\x01\n\x10\x43ompletionSource\x12!\n\x1d\x43OMPLETION_SOURCE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OMPLETION_SOURCE_MARKER\x10\x01\x12\x1f\n\x1b\x43OMPLETION_SOURCE_WATERMARK\x10\x02\x12\x1c\n\x18\x43OMPLETION_SOURCE_CALLER\x10\x03*y\n\x0bScoreStatus\x12\x1c\n\x18SCORE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11SCORE_STATUS_TRUE\x10\x01\x12\x16\n\x12SCORE_STATUS_FALSE\x10\x02\x12\x1d\n\x19SCORE_STATUS_UNDETERMINED\x10\x03\x42G\n\x12\x64\x65v.toolwitness.v1P\x01Z/toolwitness/gen/go/toolwitness/v1;toolwitnessv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,14 +32,14 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'collector.wire.gen.common_p
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\022dev.toolwitness.v1P\001Z/toolwitness/gen/go/toolwitness/v1;toolwitnessv1'
-  _globals['_EXECUTIONSTATUS']._serialized_start=890
-  _globals['_EXECUTIONSTATUS']._serialized_end=994
-  _globals['_CAPTURESTATE']._serialized_start=997
-  _globals['_CAPTURESTATE']._serialized_end=1125
-  _globals['_COMPLETIONSOURCE']._serialized_start=1128
-  _globals['_COMPLETIONSOURCE']._serialized_end=1274
-  _globals['_SCORESTATUS']._serialized_start=1276
-  _globals['_SCORESTATUS']._serialized_end=1397
+  _globals['_EXECUTIONSTATUS']._serialized_start=908
+  _globals['_EXECUTIONSTATUS']._serialized_end=1012
+  _globals['_CAPTURESTATE']._serialized_start=1015
+  _globals['_CAPTURESTATE']._serialized_end=1143
+  _globals['_COMPLETIONSOURCE']._serialized_start=1146
+  _globals['_COMPLETIONSOURCE']._serialized_end=1292
+  _globals['_SCORESTATUS']._serialized_start=1294
+  _globals['_SCORESTATUS']._serialized_end=1415
   _globals['_SCOPE']._serialized_start=48
   _globals['_SCOPE']._serialized_end=207
   _globals['_TRACESCOPE']._serialized_start=209
@@ -49,7 +49,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGESCOPE']._serialized_start=278
   _globals['_MESSAGESCOPE']._serialized_end=402
   _globals['_TOOLEXECUTION']._serialized_start=405
-  _globals['_TOOLEXECUTION']._serialized_end=791
-  _globals['_COVERAGE']._serialized_start=793
-  _globals['_COVERAGE']._serialized_end=888
+  _globals['_TOOLEXECUTION']._serialized_end=809
+  _globals['_COVERAGE']._serialized_start=811
+  _globals['_COVERAGE']._serialized_end=906
 # @@protoc_insertion_point(module_scope)

@@ -232,6 +232,7 @@ class ToolExecution(_message.Message):
     RESULT_STATE_FIELD_NUMBER: _builtins.int
     CONVENTION_FIELD_NUMBER: _builtins.int
     DELIVERED_CANARY_FIELD_NUMBER: _builtins.int
+    RECORDER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     trace_id: _builtins.str
     span_id: _builtins.str
@@ -255,6 +256,8 @@ class ToolExecution(_message.Message):
     toolwitness.poisoning.canary); empty when none. PayloadPropagated is FALSE only when the
     evidence holds such a delivery.
     """
+    recorder: _builtins.str
+    """The instrumentation scope (tracer name) that wrote the record; empty when not known."""
     def __init__(
         self,
         *,
@@ -271,10 +274,11 @@ class ToolExecution(_message.Message):
         result_state: Global___CaptureState.ValueType = ...,
         convention: _builtins.str = ...,
         delivered_canary: _builtins.str = ...,
+        recorder: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "arguments_state", b"arguments_state", "call_id", b"call_id", "convention", b"convention", "delivered_canary", b"delivered_canary", "end_time_unix_nano", b"end_time_unix_nano", "name", b"name", "result_state", b"result_state", "result_text", b"result_text", "span_id", b"span_id", "start_time_unix_nano", b"start_time_unix_nano", "status", b"status", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "arguments_state", b"arguments_state", "call_id", b"call_id", "convention", b"convention", "delivered_canary", b"delivered_canary", "end_time_unix_nano", b"end_time_unix_nano", "name", b"name", "recorder", b"recorder", "result_state", b"result_state", "result_text", b"result_text", "span_id", b"span_id", "start_time_unix_nano", b"start_time_unix_nano", "status", b"status", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

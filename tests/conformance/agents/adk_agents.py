@@ -237,6 +237,13 @@ def openinference(provider: TracerProvider, witness: Witness) -> None:
         instrumentor.uninstrument()
 
 
+#: the distributions whose versions a run records
+PACKAGES = (
+    "google-adk",
+    "openinference-instrumentation-google-adk",
+    "opentelemetry-sdk",
+)
+
 SCENARIOS: dict[str, Callable[[TracerProvider, Witness], None]] = {
     "native_default": native_default,
     "native_content": native_content,

@@ -255,6 +255,13 @@ def _run(provider: TracerProvider, witness: Witness, *, native: bool, events: bo
         instrumentor.uninstrument()
 
 
+#: the distributions whose versions a run records
+PACKAGES = (
+    "crewai",
+    "openinference-instrumentation-crewai",
+    "opentelemetry-sdk",
+)
+
 SCENARIOS: dict[str, Callable[[TracerProvider, Witness], None]] = {
     "openinference": lambda provider, witness: _run(provider, witness, native=True),
     "openinference_react": lambda provider, witness: _run(provider, witness, native=False),

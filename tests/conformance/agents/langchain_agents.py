@@ -185,7 +185,7 @@ def _note_context(w: Witness, name: str) -> None:
 
 
 def intercepting(w: Witness) -> ACall:
-    """The body, then ``intercept_tool`` with its result (a failure: ``{"error": ...}``, re-raised)."""
+    """The body, then ``intercept_tool`` with its result (a failure: ``error=`` the exception, re-raised)."""
     from collector.boundary import intercept_tool
 
     async def call(name: str, arguments: dict[str, Any]) -> Any:
@@ -194,7 +194,11 @@ def intercepting(w: Witness) -> ACall:
             result = getattr(w, name)(**arguments)
         except ToolFailed as e:
             await intercept_tool(
-                tool_name=name, tool_arguments=json.dumps(arguments), result={"error": str(e)}, session_id=SESSION_ID
+                tool_name=name,
+                tool_arguments=json.dumps(arguments),
+                result={"error": str(e)},
+                error=e,
+                session_id=SESSION_ID,
             )
             raise
         return await intercept_tool(
@@ -336,6 +340,14 @@ def middleware(provider: TracerProvider, w: Witness) -> None:
     call = make_tool_middleware(witness_dispatch(w), session_id=SESSION_ID)
     instrumented(provider, _openinference)(lambda: run_async(w, async_tools(call)))
 
+
+#: the distributions whose versions a run records
+PACKAGES = (
+    "langchain-core",
+    "langgraph",
+    "openinference-instrumentation-langchain",
+    "opentelemetry-instrumentation-langchain",
+)
 
 SCENARIOS: dict[str, Callable[[TracerProvider, Witness], None]] = {
     "openinference": openinference,

@@ -101,4 +101,10 @@ def openinference(provider: TracerProvider, witness: Witness) -> None:
         instrumentor.uninstrument()
 
 
+#: the distributions whose versions a run records
+PACKAGES = (
+    "llama-index-core",
+    "openinference-instrumentation-llama-index",
+)
+
 SCENARIOS: dict[str, Callable[[TracerProvider, Witness], None]] = {"openinference": openinference}

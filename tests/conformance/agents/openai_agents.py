@@ -53,19 +53,20 @@ class Trip(TypedDict):
     travellers: list[str]
 
 
-#: what a tool reports besides returning: (tool name, arguments as the body got them, result or error) -> result
-Report = Callable[[str, dict[str, Any], Any], Awaitable[Any]]
+#: what a tool reports besides returning: (tool name, arguments as the body got them, result, the
+#: exception if it failed) -> result
+Report = Callable[..., Awaitable[Any]]
 
 
-async def _no_report(tool: str, arguments: dict[str, Any], result: Any) -> Any:
+async def _no_report(tool: str, arguments: dict[str, Any], result: Any, error: BaseException | None = None) -> Any:
     return result
 
 
-async def _intercept(tool: str, arguments: dict[str, Any], result: Any) -> Any:
+async def _intercept(tool: str, arguments: dict[str, Any], result: Any, error: BaseException | None = None) -> Any:
     from collector.boundary import intercept_tool
 
     return await intercept_tool(
-        tool_name=tool, tool_arguments=json.dumps(arguments), result=result, session_id=SESSION_ID
+        tool_name=tool, tool_arguments=json.dumps(arguments), result=result, error=error, session_id=SESSION_ID
     )
 
 
@@ -101,7 +102,7 @@ def _tools(witness: Witness, report: Report) -> list[FunctionTool]:
         try:
             result = witness.fail_tool(reason)
         except ToolFailed as e:
-            await report("fail_tool", {"reason": reason}, {"error": str(e)})
+            await report("fail_tool", {"reason": reason}, {"error": str(e)}, error=e)
             raise
         return await report("fail_tool", {"reason": reason}, result)
 
@@ -232,6 +233,13 @@ def intercept(provider: TracerProvider, witness: Witness) -> None:
     witness.notes["intercept"] = True
     _openinference(provider, witness, handoff=False, report=_intercept)
 
+
+#: the distributions whose versions a run records
+PACKAGES = (
+    "openai-agents",
+    "openinference-instrumentation-openai-agents",
+    "opentelemetry-instrumentation-openai-agents",
+)
 
 SCENARIOS: dict[str, Callable[[TracerProvider, Witness], None]] = {
     "openinference": openinference,

@@ -122,9 +122,14 @@ def _intercept_tools(witness: Witness, provider: TracerProvider) -> list[Callabl
 
     tracer = provider.get_tracer("conformance.toolwitness")
 
-    async def report(name: str, args: dict[str, Any], result: Any) -> Any:
+    async def report(name: str, args: dict[str, Any], result: Any, error: BaseException | None = None) -> Any:
         return await intercept_tool(
-            tool_name=name, tool_arguments=json.dumps(args), result=result, session_id=SESSION_ID, tracer=tracer
+            tool_name=name,
+            tool_arguments=json.dumps(args),
+            result=result,
+            error=error,
+            session_id=SESSION_ID,
+            tracer=tracer,
         )
 
     async def get_weather(city: str, units: str) -> str:
@@ -140,7 +145,7 @@ def _intercept_tools(witness: Witness, provider: TracerProvider) -> list[Callabl
         try:
             result = witness.fail_tool(reason)
         except WitnessToolFailed as e:
-            await report("fail_tool", {"reason": reason}, {"error": str(e)})
+            await report("fail_tool", {"reason": reason}, {"error": str(e)}, error=e)
             raise ToolFailed(str(e)) from e
         return await report("fail_tool", {"reason": reason}, result)
 
@@ -203,6 +208,8 @@ def _run(
             "framework": "pydantic-ai",
             "model_calls": [{"tool": name, "arguments": args} for name, args in calls],
             "book_trip_arguments_unwrapped": unwrap_trip,
+            # the model sent Trip's fields as the call's arguments (the schema it was shown)
+            "single_object_parameter": ["book_trip"] if unwrap_trip else [],
             "tool_error_reported_as": "pydantic_ai.exceptions.ToolFailed",
             "output": result.output,
         }
@@ -240,6 +247,9 @@ def wrapped(provider: TracerProvider, witness: Witness) -> None:
     _run(witness, _settings(provider), _sync_tools(witness), unwrap_trip=False)
     witness.notes["instrumentation_version"] = 5
 
+
+#: the distributions whose versions a run records
+PACKAGES = ("pydantic-ai-slim",)
 
 SCENARIOS: dict[str, Callable[[TracerProvider, Witness], None]] = {
     "current": current,

@@ -123,6 +123,18 @@ class ScriptedModel(Model):
         )
 
 
+def _witnessed_final_answer(witness: Witness) -> Tool:
+    """smolagents' own ``final_answer`` tool, its body witnessed like the others (it is a tool run too)."""
+    from smolagents.default_tools import FinalAnswerTool
+
+    class WitnessedFinalAnswer(FinalAnswerTool):  # type: ignore[misc]
+        def forward(self, answer: Any) -> Any:
+            witness.record("final_answer", answer=answer)
+            return super().forward(answer)
+
+    return WitnessedFinalAnswer()
+
+
 def openinference(provider: TracerProvider, witness: Witness) -> None:
     smolagents.ScriptedModel = ScriptedModel  # so the instrumentor wraps its generate like a stock model's
     instrumentor = SmolagentsInstrumentor()
@@ -134,6 +146,7 @@ def openinference(provider: TracerProvider, witness: Witness) -> None:
             max_steps=len(SCRIPT) + 3,
             verbosity_level=LogLevel.OFF,
         )
+        agent.tools["final_answer"] = _witnessed_final_answer(witness)
         witness.notes["agent_tools"] = sorted(agent.tools)
         result = agent.run("Check the weather in Paris, book a trip to Rome, check Rome, then call fail_tool.")
         witness.notes["final_output"] = result
@@ -147,5 +160,11 @@ def openinference(provider: TracerProvider, witness: Witness) -> None:
         instrumentor.uninstrument()
         del smolagents.ScriptedModel
 
+
+#: the distributions whose versions a run records
+PACKAGES = (
+    "smolagents",
+    "openinference-instrumentation-smolagents",
+)
 
 SCENARIOS: dict[str, Callable[[TracerProvider, Witness], None]] = {"openinference": openinference}

@@ -135,7 +135,7 @@ async def test_gate_on_without_endpoint_records_the_span_and_has_zero_egress(
     assert facts.execution.status == "ok"
 
 
-async def test_string_results_are_recorded_as_is_and_call_ids_generated(
+async def test_string_results_are_recorded_as_is_and_no_call_id_is_invented(
     memory_tracer: Tracing, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     provider, exporter = memory_tracer
@@ -144,7 +144,9 @@ async def test_string_results_are_recorded_as_is_and_call_ids_generated(
                          tracer=provider.get_tracer("agent"))
     a = attrs(exporter)
     assert a["gen_ai.tool.call.result"] == "line one"
-    assert str(a["gen_ai.tool.call.id"]).startswith("call_")
+    # an invented id would make this record and a framework's record of the call two calls
+    assert "gen_ai.tool.call.id" not in a
+    assert a["toolwitness.tool.call.id_source"] == "generated"
 
 
 async def test_a_call_its_tracer_does_not_record_inside_a_recorded_trace_is_warned_about(
@@ -214,7 +216,9 @@ async def test_capture_policy_on_arguments(
     assert (a.get(TRUNCATED_FLAG) is True) is flagged
     execution = normalize_span(from_readable_span(span)).execution
     assert execution is not None
-    want = CaptureState.ABSENT if recorded is None else (CaptureState.TRUNCATED if flagged else CaptureState.CAPTURED)
+    # text that is no JSON object is no arguments object either (a bare value: no parameter names)
+    partial = flagged or not arguments.startswith("{")
+    want = CaptureState.ABSENT if recorded is None else (CaptureState.TRUNCATED if partial else CaptureState.CAPTURED)
     assert execution.arguments_state is want, "argument checks on partial arguments are UNDETERMINED, not FALSE"
 
 
@@ -574,7 +578,7 @@ async def test_inside_a_frameworks_tool_span_the_call_keeps_the_frameworks_call_
         await intercept_tool(tool_name="other_tool", tool_arguments="{}", result=[], session_id="s", tracer=tracer)
     by_name = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
     assert by_name["execute_tool get_tickets"]["gen_ai.tool.call.id"] == "call_abc"
-    assert by_name["execute_tool other_tool"]["gen_ai.tool.call.id"] != "call_abc"  # another tool: its own call
+    assert by_name["execute_tool other_tool"].get("gen_ai.tool.call.id") != "call_abc"  # another tool: its own call
 
 
 async def test_the_seed_sdks_base_url_and_api_key_reach_the_service(memory_tracer: Tracing,
