@@ -10,6 +10,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -242,8 +243,14 @@ def derive_checks(truth: dict[str, Any]) -> list[Check]:
 def judge_in_process(run: Run, checks: Sequence[Check]) -> dict[str, str]:
     """Each check's verdict from the in-process scorer (``OtelToolCallScorer`` over an
     ``InMemoryTraceClient`` holding the run's spans), before and after the run is marked complete
-    with each trace's span count."""
-    return asyncio.run(_judge(run, checks))
+    with each trace's span count. Runs its own event loop (in a thread of its own when called
+    from inside a running one)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_judge(run, checks))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, _judge(run, checks)).result()
 
 
 async def _judge(run: Run, checks: Sequence[Check]) -> dict[str, str]:

@@ -42,6 +42,7 @@ _execution = st.builds(
     arguments_state=st.sampled_from(list(CaptureState)),
     convention=st.sampled_from(["gen_ai", "openinference"]),
     delivered_canary=st.none() | _text,
+    recorder=st.none() | _text,
 )
 _trusted = _execution.map(lambda e: ToolExecution.trusted(**e.__dict__))
 _coverage = st.one_of(
@@ -65,12 +66,13 @@ _scope = st.one_of(
 
 def reference_hash(o: Observation) -> str:
     """The definition: model_dump(mode="json") without the id, the capture time and each execution's
-    unset delivered_canary (normalization 3 added it: earlier observations keep their ids),
-    canonical JSON, SHA-256."""
+    unset delivered_canary and recorder (normalizations 3 and 4 added them: earlier observations keep
+    their ids), canonical JSON, SHA-256."""
     body = o.model_dump(mode="json", exclude={"observation_id", "captured_at"})
     for e in body["tool_executions"]:
-        if e["delivered_canary"] is None:
-            del e["delivered_canary"]
+        for optional in ("delivered_canary", "recorder"):
+            if e[optional] is None:
+                del e[optional]
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 

@@ -23,6 +23,7 @@ _fields = st.fixed_dictionaries(
         "arguments_state": st.sampled_from(list(CaptureState)),
         "convention": st.sampled_from(["gen_ai", "openinference"]),
         "delivered_canary": st.none() | _text,
+        "recorder": st.none() | _text,
     }
 )
 
