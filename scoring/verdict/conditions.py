@@ -125,12 +125,12 @@ def _same_arguments(a: ToolExecution, b: ToolExecution) -> bool:
 
 
 def _mergeable(a: Call, b: Call) -> bool:
-    """Two calls that may be one call recorded by two instrumentations: other recorders (one
+    """Two calls that may be one call recorded by two instrumentations: other (known) recorders (one
     instrumentation records a call once), times that overlap, and neither call ids nor captured
     arguments that differ."""
     x, y = a[0], b[0]
-    if x.recorder == y.recorder or not _overlap(x, y):
-        return False
+    if x.recorder is None or y.recorder is None or x.recorder == y.recorder or not _overlap(x, y):
+        return False  # a record whose recorder is not known (stored before it was) is paired with none
     if x.call_id and y.call_id and x.call_id != y.call_id:
         return False
     return _same_arguments(x, y)
@@ -167,6 +167,26 @@ def _independent(group: Sequence[Call]) -> int:
     return best
 
 
+def _components(group: Sequence[Call]) -> list[list[int]]:
+    """The groups of calls linked by mergeable pairs (indexes into ``group``)."""
+    parent = list(range(len(group)))
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for a in range(len(group)):
+        for b in range(a + 1, len(group)):
+            if _mergeable(group[a], group[b]):
+                parent[find(a)] = find(b)
+    out: dict[int, list[int]] = {}
+    for k in range(len(group)):
+        out.setdefault(find(k), []).append(k)
+    return list(out.values())
+
+
 def _merge_recorders(calls: tuple[Call, ...]) -> tuple[tuple[Call, ...], dict[str, CountBounds]]:
     """One call recorded by several instrumentations (two instrumentations on one app, or the tool
     boundary inside a framework's tool span whose call id it could not take) is counted once.
@@ -182,7 +202,7 @@ def _merge_recorders(calls: tuple[Call, ...]) -> tuple[tuple[Call, ...], dict[st
     merged_into: dict[int, int] = {}
     bounds: dict[str, list[int]] = {}
     for (_, name), idx in groups.items():
-        if len(idx) < 2 or len({calls[i][0].recorder for i in idx}) < 2:
+        if len(idx) < 2 or len({calls[i][0].recorder for i in idx} - {None}) < 2:
             continue
         group = [calls[i] for i in idx]
         if len(group) > _MAX_MERGE_GROUP:
@@ -190,30 +210,14 @@ def _merge_recorders(calls: tuple[Call, ...]) -> tuple[tuple[Call, ...], dict[st
             b[0] += max(Counter(c[0].recorder for c in group).values())
             b[1] += len(group)
             continue
-        parent = list(range(len(group)))
-
-        def find(k: int) -> int:
-            while parent[k] != k:
-                parent[k] = parent[parent[k]]
-                k = parent[k]
-            return k
-
-        for a in range(len(group)):
-            for b2 in range(a + 1, len(group)):
-                if _mergeable(group[a], group[b2]):
-                    parent[find(a)] = find(b2)
-        components: dict[int, list[int]] = {}
-        for k in range(len(group)):
-            components.setdefault(find(k), []).append(k)
-        cliques = all(
-            _mergeable(group[a], group[b2]) for members in components.values() for a in members for b2 in members if a < b2
-        )
+        components = _components(group)
+        cliques = all(_mergeable(group[a], group[b]) for m in components for a in m for b in m if a < b)
         if not cliques:
             b = bounds.setdefault(name, [0, 0])
             b[0] += _independent(group)
             b[1] += len(group)
             continue
-        for members in components.values():
+        for members in components:
             if len(members) < 2:
                 continue
             # the innermost record counts (latest start, then earliest end), as with nested records
@@ -578,14 +582,11 @@ def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
     label = f"{req.name!r}"
     bounds = ev.uncounted.get(req.name)
     if bounds is not None and (req.min_count > 1 or req.max_count is not None):
-        # Which records are separate calls is not known: a match proves the tool ran, not how often.
-        proven = min(proven, 1)
+        # Which records are separate calls is not known: a match proves the tool ran; how often,
+        # only where every record matches (then each surely distinct call is a matching one).
+        proven = min(proven, bounds.lower) if proven == len(verdicts) else min(proven, 1)
         if bounds.upper is None:
             possible = float("inf")
-        if proven < req.min_count or req.max_count is not None:
-            if ev.complete and possible < req.min_count:
-                return Judgment(F, f"{label} not executed as required (coverage complete, {proven} matching)")
-            return Judgment(U, f"{label} ran; how many times is not provable ({_why_uncounted(req.name, ev)})")
     if req.max_count is not None and proven > req.max_count:
         return Judgment(F, f"{label} ran {proven} times, more than max_count {req.max_count}")
     if proven >= req.min_count:
@@ -593,10 +594,15 @@ def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
             return Judgment(T, f"{label} executed ({proven} matching execution(s))")
         if ev.complete and possible <= req.max_count:
             return Judgment(T, f"{label} ran {proven} times, within [{req.min_count}, {req.max_count}]")
+        if bounds is not None:
+            return Judgment(U, f"{label} ran; how many times is not provable ({_why_uncounted(req.name, ev)})")
         return Judgment(U, f"{label} ran {proven} times; the upper bound needs complete coverage")
     if ev.complete and possible < req.min_count:
         return Judgment(F, f"{label} not executed as required (coverage complete, {proven} matching)")
-    why = _why_open(ev) if possible < req.min_count else _why_unsure(req)
+    if bounds is not None and possible >= req.min_count:
+        why = f"how many times it ran is not provable ({_why_uncounted(req.name, ev)})"
+    else:
+        why = _why_open(ev) if possible < req.min_count else _why_unsure(req)
     return Judgment(U, f"{label} not proven: {why}")
 
 
@@ -683,11 +689,13 @@ Window = tuple[str, int, float]  # a call's tool name, and the earliest and late
 
 def _call_window(e: ToolExecution, complete: bool) -> Window:
     """Where a call may yet turn out to have started. A call counts at its innermost record's start
-    (``_calls``); while coverage is incomplete, another record of the call (same call id) nested in
-    that one may still arrive and move the call to its own start, which lies within the innermost
-    record (``_end``). A record without a call id, or on complete evidence, stays where it started."""
+    (``_calls``); while coverage is incomplete, another record of the call nested in that one (same
+    call id, or another instrumentation's record of it: ``_merge_recorders``) may still arrive and
+    move the call to its own start, which lies within the innermost record (``_end``). A record
+    with neither a call id nor a known recorder can be joined by none; it, and every call on
+    complete evidence, stays where it started."""
     start = e.start_time_unix_nano
-    return (e.name, start, start if complete or not e.call_id else _end(e))
+    return (e.name, start, start if complete or not (e.call_id or e.recorder) else _end(e))
 
 
 def _surely_in_order(want: Sequence[str], windows: Sequence[Window]) -> bool:
