@@ -15,8 +15,25 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# the agent frameworks of the conformance suite whose pins agree with ours, into .venv
+$(VENV)/.conformance: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[dev,conformance]'
+	touch $@
+
 .PHONY: install
 install: $(VENV)/.installed ## Create .venv and install toolwitness with its dev tools
+
+.PHONY: conformance-venvs
+conformance-venvs: $(VENV)/.conformance ## Install the conformance frameworks: into .venv, and those whose pins clash with ours into .cache/venvs (cached)
+	$(PY) -m tests.conformance.venvs
+
+.PHONY: conformance
+conformance: conformance-venvs ## Run the real agent frameworks and check toolwitness's verdicts against their tools (no services)
+	$(VENV)/bin/pytest -m 'conformance and not integration' tests/conformance
+
+.PHONY: compatibility
+compatibility: conformance-venvs ## Regenerate docs/compatibility.md from the conformance runs (commit the result)
+	$(PY) -m tests.conformance.matrix
 
 .PHONY: proto
 proto: install ## Regenerate collector/wire/gen from proto/ (pinned grpcio-tools)
@@ -44,8 +61,9 @@ unit: install ## Unit tests only (no services needed)
 	$(VENV)/bin/pytest -m 'not integration' tests/unit
 
 .PHONY: test
-test: install ## THE test command: lint, start services, all tests, stop the services it started
+test: install ## THE test command: lint, start services, all tests (conformance included), stop the services it started
 	$(MAKE) lint
+	$(MAKE) conformance-venvs
 	set -o pipefail; was_up=0; $(PY) scripts/services.py status >/dev/null 2>&1 && was_up=1; \
 	$(PY) scripts/services.py up || exit $$?; \
 	rc=0; $(VENV)/bin/pytest tests || rc=$$?; \
