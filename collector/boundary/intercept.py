@@ -191,12 +191,13 @@ class CapturePolicy:
         if self._keys:
             try:
                 doc = json.loads(raw)
-            except ValueError:
-                doc = None
-            if isinstance(doc, dict | list):
-                redacted, changed = self._redact(doc)
+                redacted, changed = self._redact(doc) if isinstance(doc, dict | list) else (doc, False)
                 if changed:
                     text, partial = json.dumps(redacted, ensure_ascii=False), True
+            except RecursionError:
+                return None, True  # nested too deep to look for secrets in: not recorded
+            except ValueError:
+                pass  # not JSON: recorded as given
         text, cut = self._cut_arguments(text)
         return text, partial or cut
 
@@ -208,10 +209,10 @@ class CapturePolicy:
         if isinstance(value, str):
             text = value
         else:
-            redacted, partial = self._redact(value) if self._keys else (value, False)
             try:
+                redacted, partial = self._redact(value) if self._keys else (value, False)
                 text = json.dumps(redacted, ensure_ascii=False)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):
                 return None, False
         text, cut = self._cut(text, self.max_result_chars)
         return text, partial or cut
@@ -389,7 +390,7 @@ def _warn_unrecorded(tool_name: str) -> None:
     )
 
 
-def _record_call(span: Span, *, tool_name: str, call_id: CallId, tool_arguments: str, session_id: str,
+def _record_call(span: Span, *, tool_name: str, call_id: CallId, tool_arguments: str | None, session_id: str,
                  policy: CapturePolicy, inexact: bool = False) -> None:
     span.set_attribute(GEN_AI_OPERATION, "execute_tool")
     if tool_name:  # else recorded unnamed: some tool ran, so no tool's absence is provable
@@ -399,7 +400,7 @@ def _record_call(span: Span, *, tool_name: str, call_id: CallId, tool_arguments:
     span.set_attribute(CALL_ID_SOURCE, call_id.source)
     if session_id:
         span.set_attribute(GEN_AI_CONVERSATION, session_id)
-    args, partial = policy.arguments(tool_arguments)
+    args, partial = policy.arguments(tool_arguments) if tool_arguments is not None else (None, True)
     if args is not None:
         span.set_attribute(GEN_AI_ARGUMENTS, args)
         if partial or inexact or _cut_by_limits(span, GEN_AI_ARGUMENTS, args):
@@ -528,15 +529,23 @@ def _record_failure(span: Span, error: BaseException | str) -> None:
         log.debug("%s: recording the failure failed: %r", COMPONENT, exc, extra=_EXTRA)
 
 
-def _arguments_text(tool_arguments: object) -> tuple[str, bool]:
+def _arguments_text(tool_arguments: object) -> tuple[str | None, bool]:
     """The arguments as recorded, and whether that text may not be exactly the call's: a JSON
-    string as given; anything else as its JSON (``str()`` of what JSON cannot hold: inexact)."""
+    string as given; anything else as its JSON (``str()`` of what JSON cannot hold: inexact);
+    None when they cannot be written at all (nested deeper than JSON encoding goes): the call is
+    still recorded, its arguments not."""
     if isinstance(tool_arguments, str):
         return tool_arguments, False
     try:
         return json.dumps(tool_arguments, ensure_ascii=False, allow_nan=False), False
-    except (TypeError, ValueError, RecursionError):
+    except (TypeError, ValueError):
+        pass
+    except RecursionError:
+        return None, True
+    try:
         return json.dumps(tool_arguments, ensure_ascii=False, default=str), True
+    except (TypeError, ValueError, RecursionError):
+        return None, True
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,11 +590,14 @@ def _safe_record_call(
     span: Span,
     tool_name: str,
     call_id: CallId,
-    tool_arguments: str,
+    tool_arguments: str | None,
     session_id: str,
     policy: CapturePolicy,
     inexact: bool = False,
 ) -> None:
+    """Record the call on its span. What fails past the span's name and call id (arguments the
+    capture policy cannot read) leaves the rest unrecorded, never the span itself: a tool that ran
+    with no span would read as never run."""
     try:
         _record_call(span, tool_name=tool_name, call_id=call_id, tool_arguments=tool_arguments,
                      session_id=session_id, policy=policy, inexact=inexact)
@@ -596,7 +608,7 @@ def _safe_record_call(
 async def _deliver(
     span: Span,
     tool_name: str,
-    tool_arguments: str,
+    tool_arguments: str | None,
     result: JsonValue,
     session_id: str,
     call_id: str,
@@ -611,8 +623,8 @@ async def _deliver(
         # The service is sent the arguments as the span records them: what the policy redacts
         # (a password, an API key) or leaves out never leaves the process by this way either.
         try:
-            sent, _ = policy.arguments(tool_arguments)
-        except Exception:  # arguments the policy cannot read (nested too deep): none are sent
+            sent, _ = policy.arguments(tool_arguments) if tool_arguments is not None else (None, True)
+        except Exception:  # arguments the policy cannot read: none are sent
             sent = None
         returned = await _exchange(span, tool_name=tool_name, tool_arguments=sent or "", result=result,
                                    session_id=session_id, call_id=call_id, endpoint=target.endpoint,

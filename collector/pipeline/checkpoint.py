@@ -163,13 +163,18 @@ class Checkpoint:
                     continue
                 try:
                     decoded = decode_span_facts(value, _headers(rec), self.cfg, max_arg)
-                except RecordDecodeError as exc:
+                except Exception as exc:
                     # Its spans are unreadable but its trace is known from the key: that trace
                     # (of each tenant the record names) can never be complete now, so its absence
-                    # is never FALSE.
+                    # is never FALSE. (Not only a RecordDecodeError: whatever a record holds must
+                    # not stop the partition.)
+                    if isinstance(exc, RecordDecodeError):
+                        reason, detail = exc.reason, exc.detail
+                    else:
+                        reason, detail = "undecodable", f"{type(exc).__name__}: {exc}"[:200]
                     lost_traces = self._lost_traces(rec)
                     tenant = _only({t for t, _ in lost_traces})
-                    dead.append(self._dead(rec, exc.reason, exc.detail, tenant=tenant))
+                    dead.append(self._dead(rec, reason, detail, tenant=tenant))
                     for lost in lost_traces:
                         placeholder = rejected_fact(f"unreadable-{rec.partition}-{rec.offset}")
                         groups.setdefault(lost, []).append(placeholder)

@@ -17,10 +17,19 @@ from collector.config import ServiceConfig
 from collector.exporters.kafka import KafkaExporter
 from collector.processors.decide import Decider, Outcome, completion_due
 from collector.processors.trace_state import SESSION_WAIT, DecideRequest, TraceState, TraceStateStore
-from collector.telemetry.metrics import DECISIONS, OVERSIZED, RESENT, REVISIONS, TIME_TO_VERDICT, Trigger
+from collector.telemetry.metrics import (
+    DECISIONS,
+    EVALUATION_FAILURES,
+    OVERSIZED,
+    RESENT,
+    REVISIONS,
+    TIME_TO_VERDICT,
+    Trigger,
+)
 from collector.wire.convert import RegisteredExpectation, decode_observation, encode
 from collector.wire.gen import score_pb2
-from scoring.models import Observation, SessionScorable, ToolExecution, Verdict
+from scoring.models import Acquisition, Coverage, Observation, SessionScorable, ToolExecution, Verdict
+from scoring.models.evidence import EVALUATION_FAILED
 
 log = logging.getLogger("toolwitness.engine")
 
@@ -140,24 +149,30 @@ class Engine:
                 session_complete = session_at is not None and watermark_ms >= session_at + lateness
             lost = exp.created_ms < self.lost_at_ms
             shared = (exp.tenant, exp.scope, tuple(traces[k]), session_complete, session_late, lost)
-            obs = observations.get(shared)
-            if obs is None:
-                obs = self.decider.observation_for(
-                    exp,
-                    traces[k],
-                    work.states,
-                    watermark_ms,
-                    session_complete=session_complete,
-                    session_late=session_late,
-                    lost=lost,
-                    captured_at=now,
-                    executions=executions,
-                )
-                if not self.decider.fits(obs):  # judged on exactly what will be published
-                    obs = self.decider.shrink(obs)
-                    OVERSIZED.labels(self.name).inc()
-                observations[shared] = obs
-            verdict, rationale, meta = await self.decider.judge(exp, obs, final=final)
+            try:
+                obs = observations.get(shared)
+                if obs is None:
+                    obs = self.decider.observation_for(
+                        exp,
+                        traces[k],
+                        work.states,
+                        watermark_ms,
+                        session_complete=session_complete,
+                        session_late=session_late,
+                        lost=lost,
+                        captured_at=now,
+                        executions=executions,
+                    )
+                    if not self.decider.fits(obs):  # judged on exactly what will be published
+                        obs = self.decider.shrink(obs)
+                        OVERSIZED.labels(self.name).inc()
+                    observations[shared] = obs
+                verdict, rationale, meta = await self.decider.judge(exp, obs, final=final)
+            except Exception as exc:
+                # One expectation's evidence must not stop the partition (it would raise again on
+                # every replay of the batch): it is decided UNDETERMINED, with the error, for good.
+                outcomes.append(self._failed(exp, exc, work.pending.get(k, "span"), now, protos))
+                continue
             if k in work.revisions:
                 prev = await self.store.get_decision(exp.tenant, exp.expectation_id)
                 if prev is None:
@@ -210,6 +225,27 @@ class Engine:
         if waits:
             await self.store.await_watermark([(t, w, at) for (t, w), at in waits.items()])
         return outcomes
+
+    def _failed(
+        self, exp: RegisteredExpectation, exc: Exception, trigger: Trigger, now: datetime,
+        protos: dict[int, score_pb2.Observation],
+    ) -> Outcome:
+        """The final UNDETERMINED of an expectation whose evaluation raised, on no evidence."""
+        EVALUATION_FAILURES.labels(self.name).inc()
+        kind = type(exc).__name__
+        log.error(
+            "%s: evaluating expectation %s/%s raised %s: published UNDETERMINED", self.name, exp.tenant,
+            exp.expectation_id, kind, exc_info=exc, extra={"component": self.name, "throttle_key": kind},
+        )
+        obs = Observation(
+            scorable=exp.scope, coverage=Coverage.incomplete(EVALUATION_FAILED), acquisition=Acquisition.ERROR,
+            captured_at=now,
+        )
+        rationale = f"evaluation failed ({kind}): the evidence could not be judged"
+        return self.decider.outcome(
+            exp, obs, Verdict.UNDETERMINED, rationale, {"error": "evaluation_failed", "exception": kind},
+            version=1, trigger=trigger, now=now, protos=protos,
+        )
 
     async def decide_and_send(self, outcomes: list[Outcome]) -> list[Published]:
         """Steps 2b + 3: compare-and-set each decision (one pipeline), then produce the winners.

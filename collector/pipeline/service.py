@@ -276,6 +276,7 @@ class ToolwitnessService:
         count of those held back (process-wide loggers: only when the service owns the process)."""
         throttle_logs("aiokafka", LIBRARY_LOG_EVERY_S)
         throttle_logs("toolwitness.checkpoint", RECORD_LOG_EVERY_S)
+        throttle_logs("toolwitness.engine", RECORD_LOG_EVERY_S)  # evaluations that raised, per exception type
         # A topic refusing records fails every re-send (each ~2 s): its ERROR and the producer's
         # renewal, like the outage's own warning, once per OUTAGE_LOG_EVERY_S.
         throttle_logs("toolwitness.exporter", OUTAGE_LOG_EVERY_S)

@@ -408,11 +408,17 @@ def decode_span_facts(
     out = DecodedFacts()
     if cfg.kafka.encoding == "otlp_json":  # rare: the general path
         decoded = decode_span_record(value, headers, cfg)
-        out.facts = [
-            (tenant, span.trace_id, span_fact(span, max_argument_bytes), span.end_time_unix_nano or 0)
-            for tenant, span in decoded.spans
-        ]
         out.rejected = decoded.rejected
+        for tenant, neutral in decoded.spans:
+            try:
+                fact = span_fact(neutral, max_argument_bytes)
+            except Exception as exc:  # as on the protobuf path below
+                out.rejected.append((tenant, neutral.trace_id, "unreadable_span", f"{type(exc).__name__}: {exc}"[:200]))
+                continue
+            out.facts.append((tenant, neutral.trace_id, fact, neutral.end_time_unix_nano or 0))
+        if not out.facts and out.rejected:
+            first = out.rejected[0]
+            raise RecordDecodeError(first[2], first[3])
         return out
     if len(value) > cfg.kafka.max_record_bytes:
         limit = cfg.kafka.max_record_bytes
@@ -455,50 +461,59 @@ def decode_span_facts(
                 except SpanDecodeError as exc:
                     out.rejected.append((tenant, trace_hex, "invalid_span", str(exc)))
                     continue
-                sampled, remote = otlp_flags(span.flags)
-                attrs = fact_attributes(kvs) if kvs else no_attrs
-                rules = span_rules(
-                    attrs,
-                    status_error=span.status.code == 2,
-                    ended=end > 0,
-                    sampled=sampled,
-                    dropped=span.dropped_attributes_count > 0,
-                    scope=scope,
-                    span_name=span.name,
-                )
-                # 8 bytes in base64url without padding: short_id() of the same id in hex.
-                short = b64(span_id, newline=False).translate(_B64URL, b"=").decode()
-                parent_short = parents.get(parent)
-                if parent_short is None:
-                    parent_short = parents[parent] = b64(parent, newline=False).translate(_B64URL, b"=").decode()
-                x: list[Any] | bool = False
-                if rules.name is not None:
-                    full = rules.arguments
-                    args, state = cap_arguments(full, rules.arguments_state, max_argument_bytes)
-                    x = pack_tool(
-                        short,
-                        rules.name,
-                        rules.failed,
-                        span.start_time_unix_nano,
-                        end,
-                        state,
-                        args,
-                        rules.call_id,
-                        rules.convention == "openinference",
-                        rules.delivered,
-                        full_digest(full) if full is not None and args != full else None,
-                        rules.recorder,
+                try:
+                    sampled, remote = otlp_flags(span.flags)
+                    attrs = fact_attributes(kvs) if kvs else no_attrs
+                    rules = span_rules(
+                        attrs,
+                        status_error=span.status.code == 2,
+                        ended=end > 0,
+                        sampled=sampled,
+                        dropped=span.dropped_attributes_count > 0,
+                        scope=scope,
+                        span_name=span.name,
                     )
-                fact = {
-                    "i": short,
-                    "p": parent_short,
-                    "r": 1 if remote else 0,
-                    "e": end // 1_000_000,
-                    "f": list(rules.reasons),
-                    "x": x,
-                    # without a session key of its own a span has its resource's session
-                    "s": resource_session if _SESSION_KEYS.isdisjoint(attrs) else session_of(attrs, resource) or "",
-                }
+                    # 8 bytes in base64url without padding: short_id() of the same id in hex.
+                    short = b64(span_id, newline=False).translate(_B64URL, b"=").decode()
+                    parent_short = parents.get(parent)
+                    if parent_short is None:
+                        parent_short = b64(parent, newline=False).translate(_B64URL, b"=").decode()
+                        parents[parent] = parent_short
+                    x: list[Any] | bool = False
+                    if rules.name is not None:
+                        full = rules.arguments
+                        args, state = cap_arguments(full, rules.arguments_state, max_argument_bytes)
+                        x = pack_tool(
+                            short,
+                            rules.name,
+                            rules.failed,
+                            span.start_time_unix_nano,
+                            end,
+                            state,
+                            args,
+                            rules.call_id,
+                            rules.convention == "openinference",
+                            rules.delivered,
+                            full_digest(full) if full is not None and args != full else None,
+                            rules.recorder,
+                        )
+                    fact = {
+                        "i": short,
+                        "p": parent_short,
+                        "r": 1 if remote else 0,
+                        "e": end // 1_000_000,
+                        "f": list(rules.reasons),
+                        "x": x,
+                        # without a session key of its own a span has its resource's session
+                        "s": (
+                            resource_session if _SESSION_KEYS.isdisjoint(attrs) else session_of(attrs, resource) or ""
+                        ),
+                    }
+                except Exception as exc:
+                    # What the agent wrote must not stop the partition: the span is refused (its
+                    # trace then never complete), the rest of the record is kept.
+                    out.rejected.append((tenant, trace_hex, "unreadable_span", f"{type(exc).__name__}: {exc}"[:200]))
+                    continue
                 facts.append((tenant, trace_hex, fact, end))
     if not facts and out.rejected:
         first = out.rejected[0]

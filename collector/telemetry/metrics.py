@@ -79,6 +79,13 @@ RESENT = Counter(
     ["component"],
     registry=REGISTRY,
 )
+EVALUATION_FAILURES = Counter(
+    "toolwitness_evaluation_failures",
+    "Expectations whose evaluation raised (a bug, or evidence no judge can read): each is published "
+    "UNDETERMINED with the error in its metadata, and the batch goes on.",
+    ["component"],
+    registry=REGISTRY,
+)
 OVERSIZED = Counter(
     "toolwitness_observations_shrunk",
     "Observations over limits.max_observation_bytes, judged and published with arguments cut or without executions.",

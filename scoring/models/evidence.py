@@ -33,6 +33,8 @@ LATE_SPAN = "late_span_after_completion"
 RETENTION_EXPIRED = "retention_expired"
 STATE_LOST = "state_lost"
 LIMIT_EXCEEDED = "limit_exceeded"
+#: the service could not judge the evidence (an error while reading or judging it)
+EVALUATION_FAILED = "evaluation_failed"
 #: the trace was written by an instrumentation known to leave some executions unrecorded
 EXECUTIONS_NOT_RECORDED = "executions_not_recorded"
 #: the scope names no trace yet (a message whose target had tracing off, or no id linked).

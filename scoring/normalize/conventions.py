@@ -17,6 +17,7 @@ matchable: argument checks on them are UNDETERMINED, never FALSE.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -345,6 +346,27 @@ def _fits(doc: Mapping[str, Any], env: Envelope) -> bool:
 
 #: the keys an envelope's ``holds`` may be: a default row's object that has one of them is parsed
 _ENVELOPE_HINTS = tuple(f'"{e.holds}"' for e in ENVELOPES)
+#: arguments nested deeper than this are not matchable: the judges read parsed arguments, and a
+#: model fits 500 levels of brackets in 1 KB (no tool's real arguments come near 64)
+MAX_ARGUMENT_DEPTH = 64
+#: a JSON string, whose brackets are no nesting
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def too_deep(text: str) -> bool:
+    """Whether JSON text nests objects and arrays deeper than ``MAX_ARGUMENT_DEPTH`` (counted
+    without recursion; text that is not JSON is counted the same way)."""
+    if text.count("{") + text.count("[") <= MAX_ARGUMENT_DEPTH:
+        return False  # the common case, at C speed
+    depth = 0
+    for ch in _JSON_STRING.sub("", text):
+        if ch in "{[":
+            depth += 1
+            if depth > MAX_ARGUMENT_DEPTH:
+                return True
+        elif ch in "}]":
+            depth -= 1
+    return False
 
 
 def shape_arguments(text: str, row: Convention) -> ShapedArguments:
@@ -352,9 +374,12 @@ def shape_arguments(text: str, row: Convention) -> ShapedArguments:
 
     A row with an envelope: the wrapper must fit it, and its ``holds`` object is the arguments.
     A row without: the text must be a JSON object, and not one shaped like a known envelope (it
-    might be one another instrumentation wrote: ambiguous). Anything else is not matchable.
+    might be one another instrumentation wrote: ambiguous). Anything else, and anything nested
+    deeper than ``MAX_ARGUMENT_DEPTH``, is not matchable.
     """
     env = row.envelope
+    if too_deep(text):
+        return ShapedArguments(text, False)
     if env is None:
         head = text.lstrip()[:1]
         if head != "{":

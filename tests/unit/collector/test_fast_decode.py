@@ -437,7 +437,9 @@ def records(draw: st.DrawFn) -> tuple[bytes, list[tuple[str, bytes]]]:
             resource.append(kv(draw(st.sampled_from(SESSION_KEYS)), draw(st.sampled_from(("rs", "")))))
         rs.resource.attributes.extend(draw(st.permutations(resource)))
         for i in range(draw(st.integers(min_value=0 if req.resource_spans[:-1] else 1, max_value=2))):
-            rs.scope_spans.add().spans.extend(draw(st.lists(spans(traces, parents), min_size=int(i == 0), max_size=4)))
+            ss = rs.scope_spans.add()
+            ss.scope.name = draw(st.sampled_from(("", *fuzz.TABLE_SCOPES)))  # the conventions table's rows
+            ss.spans.extend(draw(st.lists(spans(traces, parents), min_size=int(i == 0), max_size=4)))
     headers = draw(
         st.lists(
             st.tuples(

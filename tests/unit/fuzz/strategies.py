@@ -16,6 +16,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from collector.wire.gen import common_pb2, control_pb2
+from scoring.normalize.conventions import CONVENTIONS
 
 UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
 UINT64 = st.integers(min_value=0, max_value=2**64 - 1)
@@ -73,6 +74,9 @@ any_values: st.SearchStrategy[AnyValue] = st.recursive(
 )
 
 
+TABLE_SCOPES = sorted({scope for row in CONVENTIONS for scope in row.scopes})
+
+
 def key_values(max_size: int = 8) -> st.SearchStrategy[list[KeyValue]]:
     return st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), keys, any_values), max_size=max_size)
 
@@ -106,7 +110,8 @@ def otlp_requests(draw: st.DrawFn) -> ExportTraceServiceRequest:
         rs.resource.attributes.extend(draw(key_values(4)))
         for _ in range(draw(st.integers(min_value=0, max_value=2))):
             ss = ScopeSpans()
-            ss.scope.name = draw(strings)
+            # the instrumentations the conventions table has rows for, or any other name
+            ss.scope.name = draw(st.one_of(strings, st.sampled_from(TABLE_SCOPES)))
             ss.spans.extend(draw(st.lists(spans(), max_size=4)))
             rs.scope_spans.append(ss)
         req.resource_spans.append(rs)
