@@ -104,6 +104,8 @@ INTERCEPT_ERROR = "toolwitness.tool.intercept.error"
 #: and the framework's look like two calls (the invented one is only sent to the poisoning service)
 CALL_ID_SOURCE = "toolwitness.tool.call.id_source"
 ERROR_TYPE = "error.type"
+#: the tool name the model asked for, where the dispatcher ran a tool of another name
+REQUESTED_NAME = "toolwitness.tool.requested_name"
 INTERCEPT_SKIPPED = "toolwitness.tool.intercept.skipped"
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -732,6 +734,7 @@ def make_tool_middleware(
     tracer: Tracer | None = None,
     policy: CapturePolicy | None = None,
     timeout_s: float = 0.5,
+    resolve: Callable[[str], str] | None = None,
 ) -> ToolDispatch:
     """Wrap a tool dispatcher once instead of editing every tool.
 
@@ -742,6 +745,12 @@ def make_tool_middleware(
     poisoned, so an allowlist must include the tools a poisoning campaign targets. A tool that
     raises, or is cancelled, is recorded as a failed span (it still ran) and the exception
     propagates unchanged. ``session_id`` may be a callable for a per-call session.
+
+    ``resolve``: the dispatcher's own lookup of a requested name (a lenient one runs
+    ``send_email`` for ``Send_Email`` or ``send_email ``): the span then names the tool that ran,
+    and keeps the name the model asked for in ``toolwitness.tool.requested_name``. Without it, a
+    name recorded as asked may differ from the tool that ran ("send_email never ran" is then
+    UNDETERMINED, not TRUE, by the confusable-name rule).
     """
     allowed = None if allowlist is None else frozenset(allowlist)
 
@@ -751,9 +760,15 @@ def make_tool_middleware(
     def session() -> str:
         return session_id() if callable(session_id) else session_id
 
-    async def middleware(name: str, arguments: Mapping[str, Any]) -> JsonValue:
+    async def middleware(requested: str, arguments: Mapping[str, Any]) -> JsonValue:
+        name = requested
+        if resolve is not None:
+            try:
+                name = resolve(requested) or requested
+            except Exception:  # the dispatcher's own lookup fails as the dispatch will: recorded as asked
+                name = requested
         if not traced(name):
-            return await dispatch(name, arguments)
+            return await dispatch(requested, arguments)
         problem = ""
         try:
             pol = policy or _DEFAULT_POLICY
@@ -762,7 +777,7 @@ def make_tool_middleware(
             span_cm = _start_span(tracer, name, parent)
         except Exception as exc:
             log.warning("%s: not tracing a tool call: %s", COMPONENT, exc, extra=_EXTRA)
-            return await dispatch(name, arguments)
+            return await dispatch(requested, arguments)
         # Not being able to offer the call for poisoning never costs its span (a tool that ran
         # and left none would read as "never ran").
         target: _Target | None = None
@@ -781,11 +796,13 @@ def make_tool_middleware(
         # are its children (not siblings recorded after it, in the order they finished).
         with span_cm as span:
             _safe_record_call(span, name, cid, args, sid, pol, inexact)
+            if name != requested:
+                span.set_attribute(REQUESTED_NAME, requested[:256])
             if problem:
                 log.warning("%s: tool call traced, not offered for poisoning: %s", COMPONENT, problem, extra=_EXTRA)
                 span.set_attribute(INTERCEPT_SKIPPED, "invalid_call")
             try:
-                result = await dispatch(name, arguments)
+                result = await dispatch(requested, arguments)
             except BaseException as exc:  # a cancelled tool ran too: its span is recorded, as failed
                 _record_failure(span, exc)
                 raise
