@@ -13,7 +13,7 @@ from typing import Any
 
 from scoring.models.evidence import LIMIT_EXCEEDED, CaptureState, ToolExecution
 from scoring.normalize.spans import NeutralSpan, normalize_span
-from scoring.verdict.conditions import canary_tokens
+from scoring.verdict.canary import canary_tokens
 
 SPAN_REJECTED = "span_rejected"
 
