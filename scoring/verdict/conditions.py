@@ -75,32 +75,54 @@ def _laminar(group: Sequence[ToolExecution]) -> bool:
 Call = tuple[ToolExecution, tuple[ToolExecution, ...]]
 
 
-def _calls(executions: Sequence[ToolExecution]) -> tuple[Call, ...]:
+def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[Call, ...], dict[str, CountBounds]]:
     """The executions that count, each with the records wrapped around it.
 
     One tool call recorded twice -- a framework's span (OpenInference TOOL) around the tool
     boundary's (``intercept_tool``), both with its call id -- is one execution: the outer record
     is a wrapper, not another run. Retries of a call (same id, one after the other) are not
     nested, so each counts. The innermost records count; a wrapper's attributes still speak for
-    each record it wraps (its arguments may be the captured ones). Records of one call by two
-    instrumentations are merged after that (``_merge_recorders``)."""
+    each record it wraps (its arguments may be the captured ones). Records of one recorder never
+    wrap each other: one instrumentation records a call once, so two records of it sharing an id
+    are two calls (a model may give two parallel calls one id). A group of records sharing an id
+    too large to pair up in linear-enough time is not merged, and its count is only bounded. Records
+    of one call by two instrumentations without a shared id are merged after that
+    (``_merge_recorders``)."""
     by_call: dict[tuple[str, str, str], list[ToolExecution]] = {}
     for e in executions:
         if e.call_id:
             by_call.setdefault((e.trace_id, e.name, e.call_id), []).append(e)
     wrapped: dict[int, list[ToolExecution]] = {}
     wrappers: set[int] = set()
+    bounds: dict[str, CountBounds] = {}
     for group in by_call.values():
-        if len(group) < 2 or not _laminar(group):
+        if len(group) < 2:
+            continue
+        recorders = Counter(e.recorder for e in group)
+        if len(recorders) == 1 and None not in recorders:
+            continue  # one layer's records: each is a call of its own
+        if len(group) > _MAX_MERGE_GROUP:
+            b = bounds.get(group[0].name, CountBounds(0, 0))
+            known = max((n for r, n in recorders.items() if r is not None), default=0)
+            bounds[group[0].name] = CountBounds(b.lower + max(known, 1), (b.upper or 0) + len(group))
+            continue
+        if not _laminar(group):
             # Records that overlap without one holding the other are no call stack: each counts
             # (merging them could only ever lower the count as more records arrive).
             continue
         for outer in group:
             for inner in group:
-                if outer is not inner and _wraps(outer, inner):
+                if outer is not inner and _other_layers(outer, inner) and _wraps(outer, inner):
                     wrappers.add(id(outer))
                     wrapped.setdefault(id(inner), []).append(outer)
-    return tuple((e, tuple(wrapped.get(id(e), ()))) for e in executions if id(e) not in wrappers)
+    calls = tuple((e, tuple(wrapped.get(id(e), ()))) for e in executions if id(e) not in wrappers)
+    return calls, bounds
+
+
+def _other_layers(a: ToolExecution, b: ToolExecution) -> bool:
+    """Two records that may be one call's records by two layers (a record whose recorder is not
+    known, stored before recorders were, may be either)."""
+    return a.recorder is None or b.recorder is None or a.recorder != b.recorder
 
 
 def _overlap(a: ToolExecution, b: ToolExecution) -> bool:
@@ -264,7 +286,11 @@ class Evidence:
     uncounted: dict[str, CountBounds] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        calls, bounds = _merge_recorders(_calls(self.executions))
+        nested, oversized = _calls(self.executions)
+        calls, bounds = _merge_recorders(nested)
+        for name, b in oversized.items():  # two lower bounds of one count: the larger holds
+            known = bounds.get(name)
+            bounds[name] = b if known is None else CountBounds(max(b.lower, known.lower), None)
         object.__setattr__(self, "calls", calls)
         object.__setattr__(self, "uncounted", _unreliable(calls, bounds))
 
@@ -414,7 +440,9 @@ def _regex_text(v: Any) -> str:
 
 
 def match_arguments(matcher: ArgumentMatcher, execution: ToolExecution) -> Verdict:
-    """One matcher on one execution. Uncaptured or truncated arguments are UNDETERMINED."""
+    """One matcher on one execution. Uncaptured or truncated arguments are UNDETERMINED, and so is
+    a value of another JSON type than the matcher compares (``_equal``; a range reads numbers, a
+    regex reads strings and finds matches only in the text of other values)."""
     if execution.arguments_state is not CaptureState.CAPTURED or execution.arguments is None:
         return U
     doc = _parse_arguments(execution.arguments)
@@ -427,23 +455,52 @@ def match_arguments(matcher: ArgumentMatcher, execution: ToolExecution) -> Verdi
     values = select(doc, matcher.path)
     kind = matcher.kind
     if kind == "equals":
-        want = _canon_eq(matcher.equals)
-        return Verdict.of(any(_canon_eq(v) == want for v in values))
+        return any_of(_equal(v, matcher.equals) for v in values)
     if kind == "regex" and matcher.regex is not None:
         found = F
         for v in values:
-            found = any_of([found, _search(matcher.regex, v if isinstance(v, str) else _regex_text(v))])
+            if isinstance(v, str):
+                found = any_of([found, _search(matcher.regex, v)])
+            else:  # a match in its JSON text shows it; no match says nothing of what the tool made of it
+                found = any_of([found, T if _search(matcher.regex, _regex_text(v)) is T else U])
             if found is T:
                 break
         return found
     if kind == "one_of" and matcher.one_of is not None:
-        allowed = {_canon_eq(x) for x in matcher.one_of}
-        return Verdict.of(any(_canon_eq(v) in allowed for v in values))
+        options = matcher.one_of
+        return any_of(any_of(_equal(v, o) for o in options) for v in values)
     lo = matcher.minimum if matcher.minimum is not None else float("-inf")
     hi = matcher.maximum if matcher.maximum is not None else float("inf")
-    return Verdict.of(
-        any(isinstance(v, int | float) and not isinstance(v, bool) and lo <= v <= hi for v in values)
-    )
+    # a number is in range or not; null is no number anything makes of it; other types may be made one
+    return any_of(Verdict.of(lo <= v <= hi) if _json_type(v) == "number" else (F if v is None else U) for v in values)
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int | float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def _equal(value: Any, want: Any) -> Verdict:
+    """Whether a recorded value is the one a matcher wants, by JSON type (DESIGN §1: a value not
+    captured as what the matcher compares proves no mismatch):
+
+    | value vs wanted                           | verdict                                     |
+    |-------------------------------------------|---------------------------------------------|
+    | same JSON type (5 and 5.0 alike)          | TRUE if equal, else FALSE                   |
+    | either one null                           | TRUE if both null, else FALSE               |
+    | other types ("5000" / 5000, ["x"] / "x")  | UNDETERMINED: the tool may coerce the value |
+
+    A list's items are compared one by one with a path that selects them (``$.to[*]``)."""
+    if value is None or want is None or _json_type(value) == _json_type(want):
+        return Verdict.of(_canon_eq(value) == _canon_eq(want))
+    return U
 
 
 def _execution_matches(req: ToolCallRequirement, e: ToolExecution) -> Verdict:
