@@ -53,7 +53,7 @@ _HEX_RUN = re.compile(r"[0-9a-f]{16,}")
 _CACHED_CHARS = 16384
 
 
-def _plain(text: str) -> str:
+def plain(text: str) -> str:
     """``text`` as it reads: compatibility forms folded (full-width letters, ligatures: NFKC),
     invisible characters dropped, letter case folded."""
     if text.isascii():
@@ -64,8 +64,8 @@ def _plain(text: str) -> str:
 
 def _needles(canary: str) -> tuple[str, ...]:
     """What proves the canary: the whole canary, or its random part alone, read as the arguments
-    are (``_plain``: any letter case, compatibility forms folded, invisible characters dropped)."""
-    whole = _plain(canary) or canary.casefold()  # a canary of invisible characters only: as it is
+    are (``plain``: any letter case, compatibility forms folded, invisible characters dropped)."""
+    whole = plain(canary) or canary.casefold()  # a canary of invisible characters only: as it is
     core = _CANARY_CORE.search(whole)
     return (whole, core.group()) if core and core.group() != whole else (whole,)
 
@@ -109,7 +109,7 @@ def _base64_readings(text: str, min_run: int) -> list[str]:
                 body = body[:-1]  # a last character alone holds no whole byte
             quanta.append(body + "A" * (-len(body) % 4))
         data = binascii.a2b_base64("AAAA".join(quanta).translate(_URLSAFE))
-        out.append(_plain(data.decode("utf-8", "ignore")))
+        out.append(plain(data.decode("utf-8", "ignore")))
     return out
 
 
@@ -118,13 +118,13 @@ def _readings_of(text: str, min_run: int) -> tuple[str, ...]:
     percent-encoding, or base64 runs of at least ``min_run`` characters (shorter ones cannot hold
     a needle)."""
     unescaped = _json_unescape(text)
-    out = [_plain(text)]
+    out = [plain(text)]
     if unescaped != text:
-        out.append(_plain(unescaped))
+        out.append(plain(unescaped))
     if "&" in unescaped:
-        out.append(_plain(html.unescape(unescaped)))
+        out.append(plain(html.unescape(unescaped)))
     if "%" in unescaped or "+" in unescaped:
-        out.append(_plain(unquote_plus(unescaped)))
+        out.append(plain(unquote_plus(unescaped)))
     out.extend(_base64_readings(unescaped, min_run))
     return tuple(out)
 

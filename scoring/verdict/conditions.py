@@ -32,7 +32,7 @@ from scoring.models.conditions import (
 from scoring.models.evidence import Acquisition, CaptureState, Coverage, Observation, ToolExecution
 from scoring.models.status import Verdict
 from scoring.normalize.conventions import counts_unreliable
-from scoring.verdict.canary import carries
+from scoring.verdict.canary import carries, plain
 from scoring.verdict.jsonpath import compile_path, select
 from scoring.verdict.kleene import all_of, any_of
 
@@ -522,7 +522,9 @@ def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
         if e.name == req.name
     ]
     proven = sum(v is T for v in verdicts)
-    possible: float = sum(v is not F for v in verdicts)
+    # a call recorded under a confusable spelling may be this tool's (a lenient dispatcher ran it)
+    confusable = sorted({e.name for e, _ in ev.calls if e.name != req.name and _folded(e.name) == _folded(req.name)})
+    possible: float = sum(v is not F for v in verdicts) + sum(1 for e, _ in ev.calls if e.name in confusable)
     label = f"{req.name!r}"
     bounds = ev.uncounted.get(req.name)
     if bounds is not None and (req.min_count > 1 or req.max_count is not None):
@@ -543,11 +545,20 @@ def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
         return Judgment(U, f"{label} ran {proven} times; the upper bound needs complete coverage")
     if ev.complete and possible < req.min_count:
         return Judgment(F, f"{label} not executed as required (coverage complete, {proven} matching)")
-    if bounds is not None and possible >= req.min_count:
+    if confusable and possible >= req.min_count > proven:
+        why = f"calls recorded as {confusable} may be calls of it (the same name but for case, spaces or forms)"
+    elif bounds is not None and possible >= req.min_count:
         why = f"how many times it ran is not provable ({_why_uncounted(req.name, ev)})"
     else:
         why = _why_open(ev) if possible < req.min_count else _why_unsure(req)
     return Judgment(U, f"{label} not proven: {why}")
+
+
+@lru_cache(maxsize=4096)
+def _folded(name: str) -> str:
+    """A tool name as a lenient dispatcher may resolve it: compatibility forms folded (NFKC),
+    letter case folded, invisible characters and surrounding white space dropped."""
+    return plain(name).strip()
 
 
 def _why_uncounted(name: str, ev: Evidence) -> str:
@@ -677,6 +688,16 @@ def _fits_some_window_order(windows: Sequence[Window], want: Sequence[str]) -> b
     return not left
 
 
+def _missing(absent: Sequence[str], seen: Sequence[str]) -> Judgment:
+    """FALSE for tools absent from complete evidence, unless a call of a confusable name (another
+    case, spaces, compatibility forms) may have been one of them."""
+    wanted = {_folded(t) for t in absent}
+    confusable = sorted({n for n in seen if n not in absent and _folded(n) in wanted})
+    if confusable:
+        return Judgment(U, f"missing {list(absent)}, but calls recorded as {confusable} may be calls of them")
+    return Judgment(F, f"missing {list(absent)}")
+
+
 def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
     executions = [e for e, _ in ev.calls]
     seen = [e.name for e in executions]
@@ -686,14 +707,14 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
         # How many calls of these tools ran is not known, so neither is their order.
         absent = sorted(set(want) - set(seen))
         if absent and ev.complete:
-            return Judgment(F, f"missing {absent}")
+            return _missing(absent, seen)
         return Judgment(U, f"the calls of {uncounted} cannot be counted ({_why_uncounted(uncounted[0], ev)})")
     if c.mode == "any_order":
         missing = Counter(want) - Counter(seen)
         if not missing:
             return Judgment(T, f"{want} all ran")
         if ev.complete:
-            return Judgment(F, f"missing {sorted(missing.elements())}")
+            return _missing(sorted(missing.elements()), seen)
         return Judgment(U, f"missing {sorted(missing.elements())} so far: {_why_open(ev)}")
     groups, floating = _tie_groups(executions)
     # Proving and refuting an order read each call's window (a point but for a call that may still
@@ -707,7 +728,7 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
         if floating:
             missing = Counter(want) - Counter(seen)
             if missing and ev.complete:
-                return Judgment(F, f"missing {sorted(missing.elements())}")
+                return _missing(sorted(missing.elements()), seen)
             return Judgment(U, f"the order of {seen} is not known ({len(floating)} without a start time)")
         if _in_some_order(want, groups):
             return Judgment(U, f"{want} ran in order in some of the orders the start times allow{tie}")
@@ -720,7 +741,7 @@ def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
             return Judgment(F, f"executions {seen} cannot become exactly {want}")
         missing = Counter(want) - Counter(seen)
         if missing and ev.complete:
-            return Judgment(F, f"missing {sorted(missing.elements())}")
+            return _missing(sorted(missing.elements()), seen)
         return Judgment(U, f"the order of {seen} is not known ({len(floating)} without a start time)")
     if not _fits_some_window_order(windows, want):
         return Judgment(F, f"executions {seen} cannot become exactly {want}{tie}")

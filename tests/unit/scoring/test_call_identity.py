@@ -91,3 +91,28 @@ def test_a_call_another_instrumentation_may_still_join_is_not_ordered_before_it_
     assert verdict(in_order, [x, y], complete=False) is U
     assert verdict(in_order, [x, y, inner_x], complete=True) is F
     assert verdict(in_order, [x, y], complete=True) is T
+
+
+@pytest.mark.parametrize("recorded", ["Send_Email", "send_email ", "ｓｅｎｄ_ｅｍａｉｌ", "send\u200b_email"])
+def test_a_confusable_name_makes_absence_unprovable(recorded: str) -> None:
+    # A lenient dispatcher ran send_email for what the model spelled this way; the record keeps the spelling.
+    records = [rec(recorded, 10, 20, 1, "agent")]
+    ran = ToolsCalled(tools=(ToolCallRequirement(name="send_email"),))
+    assert verdict(ran, records) is U  # so "send_email never ran" is not TRUE
+    assert verdict(ToolSequence(tools=("send_email",), mode="any_order"), records) is U
+    assert verdict(ToolsCalled(tools=(ToolCallRequirement(name="search"),)), records) is F
+
+
+def test_a_model_chosen_id_on_two_parallel_calls_keeps_them_two() -> None:
+    # one layer, one id the model gave both calls, the first slower (the second nested in its time)
+    records = [rec("send_email", 10, 40, 1, "agent", "call_1"), rec("send_email", 15, 20, 2, "agent", "call_1")]
+    assert verdict(exactly("send_email", 2), records) is T
+    assert verdict(ToolsCalled(tools=(ToolCallRequirement(name="send_email", max_count=1),)), records) is F
+
+
+def test_many_calls_sharing_one_id_are_judged_in_linear_time_and_bounded() -> None:
+    one_layer = [rec("x", 10 + i, 11 + i, i + 1, "agent", "call_1") for i in range(2000)]
+    assert verdict(exactly("x", 2000), one_layer) is T
+    two_layers = [rec("x", 10 + i, 11 + i, i + 1, "ab"[i % 2], "call_1") for i in range(2000)]
+    assert verdict(at_least("x", 1000), two_layers) is T  # the most one layer recorded
+    assert verdict(exactly("x", 2000), two_layers) is U
