@@ -75,7 +75,7 @@ def _laminar(group: Sequence[ToolExecution]) -> bool:
 Call = tuple[ToolExecution, tuple[ToolExecution, ...]]
 
 
-def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[Call, ...], dict[str, CountBounds]]:
+def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[Call, ...], set[int]]:
     """The executions that count, each with the records wrapped around it.
 
     One tool call recorded twice -- a framework's span (OpenInference TOOL) around the tool
@@ -85,7 +85,8 @@ def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[Call, ...], dict[
     each record it wraps (its arguments may be the captured ones). Records of one recorder never
     wrap each other: one instrumentation records a call once, so two records of it sharing an id
     are two calls (a model may give two parallel calls one id). A group of records sharing an id
-    too large to pair up in linear-enough time is not merged, and its count is only bounded. Records
+    too large to pair up in linear-enough time is not merged, and its count is only bounded (its
+    records but one layer's are spares: ``Evidence.spares``). Records
     of one call by two instrumentations without a shared id are merged after that
     (``_merge_recorders``)."""
     by_call: dict[tuple[str, str, str], list[ToolExecution]] = {}
@@ -94,7 +95,8 @@ def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[Call, ...], dict[
             by_call.setdefault((e.trace_id, e.name, e.call_id), []).append(e)
     wrapped: dict[int, list[ToolExecution]] = {}
     wrappers: set[int] = set()
-    bounds: dict[str, CountBounds] = {}
+    #: records that may be another record's call (left out where calls must surely be distinct)
+    spare: set[int] = set()
     for group in by_call.values():
         if len(group) < 2:
             continue
@@ -102,9 +104,10 @@ def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[Call, ...], dict[
         if len(recorders) == 1 and None not in recorders:
             continue  # one layer's records: each is a call of its own
         if len(group) > _MAX_MERGE_GROUP:
-            b = bounds.get(group[0].name, CountBounds(0, 0))
-            known = max((n for r, n in recorders.items() if r is not None), default=0)
-            bounds[group[0].name] = CountBounds(b.lower + max(known, 1), (b.upper or 0) + len(group))
+            # Too many to pair up: one call each at most; surely distinct are one layer's records.
+            steady = min(group, key=_steady)
+            kept = [e for e in group if e.recorder == steady.recorder] if steady.recorder is not None else [steady]
+            spare.update(id(e) for e in group if all(e is not k for k in kept))
             continue
         if not _laminar(group):
             # Records that overlap without one holding the other are no call stack: each counts
@@ -116,7 +119,13 @@ def _calls(executions: Sequence[ToolExecution]) -> tuple[tuple[Call, ...], dict[
                     wrappers.add(id(outer))
                     wrapped.setdefault(id(inner), []).append(outer)
     calls = tuple((e, tuple(wrapped.get(id(e), ()))) for e in executions if id(e) not in wrappers)
-    return calls, bounds
+    return calls, spare
+
+
+def _steady(e: ToolExecution) -> tuple[object, ...]:
+    """Which of several records of what may be one call stands for it: an ended one before an open
+    one (its times no longer change), then the earliest."""
+    return (not e.end_time_unix_nano, e.start_time_unix_nano, e.span_id)
 
 
 def _other_layers(a: ToolExecution, b: ToolExecution) -> bool:
@@ -125,32 +134,28 @@ def _other_layers(a: ToolExecution, b: ToolExecution) -> bool:
     return a.recorder is None or b.recorder is None or a.recorder != b.recorder
 
 
-def _overlap(a: ToolExecution, b: ToolExecution) -> bool:
-    return a.start_time_unix_nano <= _end(b) and b.start_time_unix_nano <= _end(a)
+def _overlap(a: ToolExecution, b: ToolExecution) -> Verdict:
+    """Whether two records' times overlap: known only when both ended (a record still open may
+    end before the other starts), or when one started after the other ended."""
+    a_end = a.end_time_unix_nano and _end(a)
+    b_end = b.end_time_unix_nano and _end(b)
+    if (b_end and a.start_time_unix_nano > b_end) or (a_end and b.start_time_unix_nano > a_end):
+        return F
+    return T if a_end and b_end else U
 
 
-def _same_arguments(a: ToolExecution, b: ToolExecution) -> bool:
-    """No evidence that two records saw other arguments (only two matchable objects can differ)."""
-    if a.arguments_state is not CaptureState.CAPTURED or b.arguments_state is not CaptureState.CAPTURED:
-        return True
-    if a.arguments == b.arguments:
-        return True
-    x, y = _parse_arguments(a.arguments or ""), _parse_arguments(b.arguments or "")
-    if not isinstance(x, dict) or not isinstance(y, dict):
-        return True
-    return _canon_eq(x) == _canon_eq(y)
-
-
-def _mergeable(a: Call, b: Call) -> bool:
-    """Two calls that may be one call recorded by two instrumentations: other (known) recorders (one
-    instrumentation records a call once), times that overlap, and neither call ids nor captured
-    arguments that differ."""
+def _mergeable(a: Call, b: Call) -> Verdict:
+    """Whether two calls are one call recorded by two instrumentations: other (known) recorders (an
+    instrumentation records each call once), times that overlap, and no call ids that differ.
+    UNDETERMINED while a record is still open (it may end before the other starts). Arguments are
+    not compared: two instrumentations write one call's arguments differently (an envelope, a bare
+    value), and what one leaves uncaptured may not decide the pairing."""
     x, y = a[0], b[0]
-    if x.recorder is None or y.recorder is None or x.recorder == y.recorder or not _overlap(x, y):
-        return False  # a record whose recorder is not known (stored before it was) is paired with none
+    if x.recorder is None or y.recorder is None or x.recorder == y.recorder:
+        return F  # a record whose recorder is not known (stored before it was) is paired with none
     if x.call_id and y.call_id and x.call_id != y.call_id:
-        return False
-    return _same_arguments(x, y)
+        return F
+    return _overlap(x, y)
 
 
 #: a group of records of one tool in one trace by several instrumentations is matched pairwise
@@ -160,32 +165,26 @@ _MAX_MERGE_GROUP = 256
 
 @dataclass(frozen=True, slots=True)
 class CountBounds:
-    """How many calls of a tool the records prove at least, and allow at most (None: unbounded),
-    where that is not one call per counted record."""
+    """What the records prove of a tool's count where it is not one call per counted record: at
+    least ``lower`` calls, at most ``upper`` (None: unbounded)."""
 
     lower: int
     upper: int | None
 
 
-def _independent(group: Sequence[Call]) -> int:
-    """How many of the calls are surely distinct: the largest set of which no two are mergeable
-    (exact for small groups; otherwise the most one instrumentation recorded, still a lower bound)."""
-    n = len(group)
-    if n > 16:
-        return max(Counter(c[0].recorder for c in group).values())
-    edges = [sum(1 << j for j in range(n) if j != i and _mergeable(group[i], group[j])) for i in range(n)]
-    best = 0
-    for mask in range(1 << n):
-        size = mask.bit_count()
-        if size <= best:
-            continue
-        if all(not (edges[i] & mask) for i in range(n) if mask >> i & 1):
-            best = size
-    return best
+def _maybe_duplicates(group: Sequence[Call], spared: set[int]) -> list[int]:
+    """Of calls that pair up more than one way, those left out of a set of surely distinct ones
+    (no two of which may be one call), chosen greedily, steadiest first (``_steady``), among those
+    not already left out (``spared``)."""
+    kept: list[int] = []
+    for k in sorted(range(len(group)), key=lambda k: _steady(group[k][0])):
+        if id(group[k][0]) not in spared and all(_mergeable(group[k], group[j]) is F for j in kept):
+            kept.append(k)
+    return [k for k in range(len(group)) if k not in kept]
 
 
 def _components(group: Sequence[Call]) -> list[list[int]]:
-    """The groups of calls linked by mergeable pairs (indexes into ``group``)."""
+    """The groups of calls linked by pairs that are or may be one call (indexes into ``group``)."""
     parent = list(range(len(group)))
 
     def find(k: int) -> int:
@@ -196,7 +195,7 @@ def _components(group: Sequence[Call]) -> list[list[int]]:
 
     for a in range(len(group)):
         for b in range(a + 1, len(group)):
-            if _mergeable(group[a], group[b]):
+            if _mergeable(group[a], group[b]) is not F:
                 parent[find(a)] = find(b)
     out: dict[int, list[int]] = {}
     for k in range(len(group)):
@@ -204,35 +203,33 @@ def _components(group: Sequence[Call]) -> list[list[int]]:
     return list(out.values())
 
 
-def _merge_recorders(calls: tuple[Call, ...]) -> tuple[tuple[Call, ...], dict[str, CountBounds]]:
+def _merge_recorders(calls: tuple[Call, ...], spared: set[int]) -> tuple[tuple[Call, ...], set[int]]:
     """One call recorded by several instrumentations (two instrumentations on one app, or the tool
     boundary inside a framework's tool span whose call id it could not take) is counted once.
 
     Calls of one tool in one trace are the same call when they are mergeable (``_mergeable``)
-    and that pairing is unambiguous: every group of calls linked by mergeable pairs is a clique
-    (each may be the same as each other), so no record could belong to two calls. Then the
+    and that pairing is unambiguous: every group of calls linked by pairs that are or may be one
+    call is a clique of pairs that surely are, so no record could belong to two calls. Then the
     innermost record counts and the others wrap it. Otherwise the tool's count is not provable:
-    it is bounded below by the calls that are surely distinct and above by the records."""
+    the records that may be another's call are returned as spares (``_maybe_duplicates``)."""
     groups: dict[tuple[str, str], list[int]] = {}
     for i, (e, _) in enumerate(calls):
         groups.setdefault((e.trace_id, e.name), []).append(i)
     merged_into: dict[int, int] = {}
-    bounds: dict[str, list[int]] = {}
-    for (_, name), idx in groups.items():
+    spare: set[int] = set()
+    for idx in groups.values():
         if len(idx) < 2 or len({calls[i][0].recorder for i in idx} - {None}) < 2:
             continue
         group = [calls[i] for i in idx]
         if len(group) > _MAX_MERGE_GROUP:
-            b = bounds.setdefault(name, [0, 0])
-            b[0] += max(Counter(c[0].recorder for c in group).values())
-            b[1] += len(group)
+            recorders = Counter(c[0].recorder for c in group)
+            layer = max(recorders, key=lambda r: recorders[r])
+            spare.update(id(c[0]) for c in group if c[0].recorder != layer)
             continue
         components = _components(group)
-        cliques = all(_mergeable(group[a], group[b]) for m in components for a in m for b in m if a < b)
+        cliques = all(_mergeable(group[a], group[b]) is T for m in components for a in m for b in m if a < b)
         if not cliques:
-            b = bounds.setdefault(name, [0, 0])
-            b[0] += _independent(group)
-            b[1] += len(group)
+            spare.update(id(group[k][0]) for k in _maybe_duplicates(group, spared))
             continue
         for members in components:
             if len(members) < 2:
@@ -242,8 +239,8 @@ def _merge_recorders(calls: tuple[Call, ...]) -> tuple[tuple[Call, ...], dict[st
             for k in members:
                 if k != keep:
                     merged_into[idx[k]] = idx[keep]
-    if not merged_into and not bounds:
-        return calls, {}
+    if not merged_into:
+        return calls, spare
     extra: dict[int, list[ToolExecution]] = {}
     for src, dst in merged_into.items():
         e, around = calls[src]
@@ -251,12 +248,7 @@ def _merge_recorders(calls: tuple[Call, ...]) -> tuple[tuple[Call, ...], dict[st
     out = tuple(
         (e, (*around, *extra.get(i, ()))) for i, (e, around) in enumerate(calls) if i not in merged_into
     )
-    # tools with calls counted elsewhere (other traces) keep those in their bounds
-    result: dict[str, CountBounds] = {}
-    for name, (lower, upper) in bounds.items():
-        rest = sum(1 for (e, _) in out if e.name == name) - upper
-        result[name] = CountBounds(lower + rest, upper + rest)
-    return out, result
+    return out, spare
 
 
 def _unreliable(calls: tuple[Call, ...], bounds: dict[str, CountBounds]) -> dict[str, CountBounds]:
@@ -284,14 +276,19 @@ class Evidence:
     #: in a way that cannot be told apart from several calls, or an instrumentation whose records
     #: are not one per execution): what they prove instead
     uncounted: dict[str, CountBounds] = field(init=False, repr=False, compare=False)
+    #: ids of calls that may be another counted call's records: left out where calls must be distinct
+    spares: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        nested, oversized = _calls(self.executions)
-        calls, bounds = _merge_recorders(nested)
-        for name, b in oversized.items():  # two lower bounds of one count: the larger holds
-            known = bounds.get(name)
-            bounds[name] = b if known is None else CountBounds(max(b.lower, known.lower), None)
+        nested, spare = _calls(self.executions)
+        calls, more = _merge_recorders(nested, spare)
+        spare |= more
+        bounds: dict[str, CountBounds] = {}
+        for name in {e.name for e, _ in calls if id(e) in spare}:
+            mine = [e for e, _ in calls if e.name == name]
+            bounds[name] = CountBounds(sum(id(e) not in spare for e in mine), len(mine))
         object.__setattr__(self, "calls", calls)
+        object.__setattr__(self, "spares", frozenset(spare))
         object.__setattr__(self, "uncounted", _unreliable(calls, bounds))
 
     @property
@@ -516,11 +513,12 @@ def _execution_matches(req: ToolCallRequirement, e: ToolExecution) -> Verdict:
 
 
 def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
-    verdicts = [
-        any_of([_execution_matches(req, e), *(_execution_matches(req, w) for w in around)])
+    judged = [
+        (e, any_of([_execution_matches(req, e), *(_execution_matches(req, w) for w in around)]))
         for e, around in ev.calls
         if e.name == req.name
     ]
+    verdicts = [v for _, v in judged]
     proven = sum(v is T for v in verdicts)
     # a call recorded under a confusable spelling may be this tool's (a lenient dispatcher ran it)
     confusable = sorted({e.name for e, _ in ev.calls if e.name != req.name and _folded(e.name) == _folded(req.name)})
@@ -528,11 +526,12 @@ def judge_requirement(req: ToolCallRequirement, ev: Evidence) -> Judgment:
     label = f"{req.name!r}"
     bounds = ev.uncounted.get(req.name)
     if bounds is not None and (req.min_count > 1 or req.max_count is not None):
-        # Which records are separate calls is not known: a match proves the tool ran; how often,
-        # only where every record matches (then each surely distinct call is a matching one).
-        proven = min(proven, bounds.lower) if proven == len(verdicts) else min(proven, 1)
+        # Which records are separate calls is not known: the matching ones among the surely
+        # distinct calls are proven; records that do not count one for one prove the tool ran.
         if bounds.upper is None:
-            possible = float("inf")
+            proven, possible = min(proven, 1), float("inf")
+        else:
+            proven = sum(v is T for e, v in judged if id(e) not in ev.spares)
     if req.max_count is not None and proven > req.max_count:
         return Judgment(F, f"{label} ran {proven} times, more than max_count {req.max_count}")
     if proven >= req.min_count:
@@ -698,17 +697,53 @@ def _missing(absent: Sequence[str], seen: Sequence[str]) -> Judgment:
     return Judgment(F, f"missing {list(absent)}")
 
 
+def _judge_uncounted(
+    c: ToolSequence, ev: Evidence, want: list[str], seen: list[str], uncounted: list[str]
+) -> Judgment:
+    """A sequence that depends on the count of tools whose calls cannot be counted: proven on the
+    calls that surely are distinct (none where records do not count runs one for one), refuted
+    only where all the records cannot satisfy it."""
+    why = f"the calls of {uncounted} cannot be counted ({_why_uncounted(uncounted[0], ev)})"
+    unreliable = {t for t, b in ev.uncounted.items() if b.upper is None}
+    distinct = [e for e, _ in ev.calls if id(e) not in ev.spares]
+    surely = Counter(e.name for e in distinct)
+    for t in unreliable & set(surely):
+        surely[t] = 1
+    missing = Counter(want) - Counter(seen)
+    if c.mode == "exact":
+        extra = sorted(set(seen) - set(want))
+        too_many = sorted(t for t, n in surely.items() if n > want.count(t))
+        if extra or too_many:
+            return Judgment(F, f"executions of {extra or too_many} cannot be part of exactly {want}")
+        if missing and ev.complete:
+            return _missing(sorted(missing.elements()), seen)
+        return Judgment(U, why)
+    if missing and ev.complete:
+        return _missing(sorted(missing.elements()), seen)
+    if not (unreliable & set(uncounted)):
+        if c.mode == "any_order" and not Counter(want) - surely:
+            return Judgment(T, f"{want} all ran")
+        windows = [_call_window(e, ev.complete) for e in distinct if e.start_time_unix_nano > 0]
+        if c.mode == "subsequence" and _surely_in_order(want, windows):
+            return Judgment(T, f"{want} ran in order")
+    if c.mode == "subsequence" and ev.complete and not any(e.start_time_unix_nano <= 0 for e, _ in ev.calls):
+        groups, _ = _tie_groups([e for e, _ in ev.calls])
+        if not _in_some_order(want, groups):
+            return Judgment(F, f"{want} did not run in order (saw {seen})")
+    return Judgment(U, why)
+
+
 def judge_sequence(c: ToolSequence, ev: Evidence) -> Judgment:
     executions = [e for e, _ in ev.calls]
     seen = [e.name for e in executions]
     want = list(c.tools)
-    uncounted = sorted({t for t in want if t in ev.uncounted} | (set(ev.uncounted) if c.mode == "exact" else set()))
+    # A tool whose calls cannot be counted still ran where each record says: what needs it once
+    # is judged on the records as usual; what needs it more than once (or, for an exact sequence,
+    # any tool's count) is proven on the calls that are surely distinct, and refuted only by them
+    # all.
+    uncounted = sorted(ev.uncounted if c.mode == "exact" else (t for t in ev.uncounted if want.count(t) > 1))
     if uncounted:
-        # How many calls of these tools ran is not known, so neither is their order.
-        absent = sorted(set(want) - set(seen))
-        if absent and ev.complete:
-            return _missing(absent, seen)
-        return Judgment(U, f"the calls of {uncounted} cannot be counted ({_why_uncounted(uncounted[0], ev)})")
+        return _judge_uncounted(c, ev, want, seen, uncounted)
     if c.mode == "any_order":
         missing = Counter(want) - Counter(seen)
         if not missing:

@@ -57,7 +57,7 @@ EXPECTED: dict[str, tuple[bool | None, float | None, str | None, int | None, int
     "marker-count-short": (None, None, None, None, 4),
     # the LLM only *requested* search_web; FALSE at the marker = root end 1600 ms
     "oi-requested-not-executed": (False, 1.6, "marker", None, 3),
-    # Get_Weather ran, get_weather did not (exact names): FALSE at 1200 ms, humans' majority says TRUE
+    # fetch_forecast ran, get_weather did not (exact names): FALSE at 1200 ms, humans' majority says TRUE
     "weather-name-mismatch": (False, 1.2, "marker", None, 3),
 }
 # batch mode: one pass after every span and the marker; time = latest event of the case

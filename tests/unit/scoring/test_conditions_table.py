@@ -288,7 +288,10 @@ TOOLS_CALLED_CASES: list[tuple[str, Condition, Evidence, Verdict]] = [
     ("absent-empty-incomplete", req(), ev(), U),
     ("absent-complete", req(), ev(ex("b"), complete=True), F),
     ("absent-unavailable", req(), ev(available=False), U),
-    ("case-sensitive-name", req("A"), ev(ex("a"), complete=True), F),
+    # names match exactly, but a call of a confusable spelling may be the tool's (a lenient dispatcher)
+    ("case-sensitive-name", req("A"), ev(ex("a"), complete=True), U),
+    ("case-sensitive-name-presence", req("A"), ev(ex("a"), ex("A"), complete=True), T),
+    ("other-name", req("b"), ev(ex("a"), complete=True), F),
     ("failed-counts-when-status-any", req(), ev(ex("a", status="error"), complete=True), T),
     # status
     ("status-ok-matches", req(status="ok"), ev(ex("a")), T),
