@@ -710,6 +710,8 @@ def _judge_uncounted(
     for t in unreliable & set(surely):
         surely[t] = 1
     missing = Counter(want) - Counter(seen)
+    for t in unreliable & set(seen):
+        del missing[t]  # a record may stand for more runs than one: only a tool never seen is missing
     if c.mode == "exact":
         extra = sorted(set(seen) - set(want))
         too_many = sorted(t for t, n in surely.items() if n > want.count(t))

@@ -117,3 +117,13 @@ def test_many_calls_sharing_one_id_are_judged_in_linear_time_and_bounded() -> No
     two_layers = [rec("x", 10 + i, 11 + i, i + 1, "ab"[i % 2], "call_1") for i in range(2000)]
     assert verdict(at_least("x", 1000), two_layers) is T  # the most one layer recorded
     assert verdict(exactly("x", 2000), two_layers) is U
+
+
+def test_records_that_do_not_count_runs_one_for_one_never_refute_a_count() -> None:
+    # CrewAI's tool-usage events: one record may stand for two runs of the body
+    events = "openinference.instrumentation.crewai._event_listener"
+    records = [rec("x", 10, 20, 1, events), rec("x", 30, 40, 2, events)]
+    assert verdict(at_least("x", 1), records) is T
+    assert verdict(exactly("x", 4), records) is U
+    assert verdict(ToolSequence(tools=("x",) * 4, mode="exact"), records) is U
+    assert verdict(ToolSequence(tools=("x", "y"), mode="exact"), records) is F  # y never ran
