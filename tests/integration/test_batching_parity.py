@@ -78,8 +78,9 @@ def _call_recorded_twice(trace: str, t0_ms: int, outer_end: int, inner: tuple[in
     [
         # held within by 499 ns: one call (was two: the outer's end rounded down below the inner's)
         (1999, (500, 1500), 1),
-        # outlives the outer by 499 ns: two records that overlap, each counts (was one)
-        (1000, (500, 1499), 2),
+        # outlives the outer by 499 ns: two instrumentations' records of one id that overlap are
+        # one call recorded twice (as two instrumentations on one app write them)
+        (1000, (500, 1499), 1),
         # a clock step ended the outer before it started: disjoint, two (was "not ended", one)
         (-1000, (500, 1500), 2),
     ],
@@ -98,9 +99,13 @@ async def test_one_call_recorded_twice_is_counted_on_exact_end_times(
         at_most_one = await tw.expect(
             TraceScorable(trace_ids=(trace,)), _search(max_count=1), deadline=timedelta(seconds=30)
         )
-        await producer.send_and_wait(
-            cfg.kafka.topics.spans, otlp_request(spans).SerializeToString(), key=trace.encode()
-        )
+        # the framework's record and the boundary's come from two instrumentations (two scopes):
+        # one instrumentation's records of one id are two calls
+        req = otlp_request([spans[0], spans[2]])
+        framework = req.resource_spans[0].scope_spans.add()
+        framework.scope.name = "openinference.instrumentation.framework"
+        framework.spans.append(spans[1])
+        await producer.send_and_wait(cfg.kafka.topics.spans, req.SerializeToString(), key=trace.encode())
         await tw.mark_complete(trace, span_count=len(spans))
         two = await tw.wait_for(at_least_two, timeout=30)
         one = await tw.wait_for(at_most_one, timeout=30)
