@@ -1,6 +1,6 @@
 """``toolwitness bench pipeline``: the streaming service measured on real Kafka and Redis, in one run.
 
-Figures (issue 4, acceptance 8), all from the same run so their ratios mean something on a
+Figures, all from the same run so their ratios mean something on a
 noisy machine:
 
 - **floor**: spans/s of a bare aiokafka consumer (the service's consumer settings, a fresh
@@ -103,7 +103,7 @@ EXPECTATION_DEADLINE = timedelta(minutes=15)
 #: a tool no bench trace runs: the probe trace's second expectation stays pending (its pending set lives).
 ABSENT_TOOL = "tool_never_called"
 
-# Issue 8's targets (they supersede issue 4's 0.5 and 250 ms).
+# The throughput and latency targets (they replace an earlier 0.5 ratio and 250 ms).
 TARGET_RATIO = 0.6
 TARGET_P99_MS = 100.0
 TARGET_TRACE_BYTES = 2048

@@ -35,7 +35,7 @@ from collector.benches.common import CpuMeter, Target, busy_text, consoles, emit
 
 __all__ = ["TARGET_RATE", "run_verdict_latency_bench"]
 
-#: the load the target is stated at (issue 8): p99 < 100 ms at 5,000 spans/s.
+#: the load the target is stated at: p99 < 100 ms at 5,000 spans/s.
 TARGET_RATE = 5000
 
 
